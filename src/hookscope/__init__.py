@@ -1,0 +1,35 @@
+"""hookscope: see inside PyTorch models with hooks, and train them with a callback loop.
+
+This module only re-exports the public API; every name lives in the module named for what it is.
+"""
+
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.select import SelectionError, select
+from hookscope.train.callback import Callback, CallbackOrderError
+from hookscope.train.events import (
+    CancelBackwardException,
+    CancelBatchException,
+    CancelEpochException,
+    CancelFitException,
+    CancelStepException,
+    CancelTrainException,
+    CancelValidException,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Callback",
+    "CallbackOrderError",
+    "CancelBackwardException",
+    "CancelBatchException",
+    "CancelEpochException",
+    "CancelFitException",
+    "CancelStepException",
+    "CancelTrainException",
+    "CancelValidException",
+    "HookSet",
+    "SelectionError",
+    "__version__",
+    "select",
+]

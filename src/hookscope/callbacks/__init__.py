@@ -1,0 +1,1 @@
+"""Built-in callbacks, one file per family."""

@@ -1,0 +1,1 @@
+"""The training half: events, callbacks, the Learner loop, checkpoints and distributed helpers."""

@@ -1,0 +1,108 @@
+"""The Callback base class and how a set of callbacks is ordered and dispatched.
+
+A callback is a plain class whose methods are named after events (``before_fit``, ``after_loss``, ...);
+it reads and writes the loop state through ``self.learn``. Ordering is resolved once per ``fit`` into a
+dispatch table that holds, for each event, only the callbacks that define it — so an event nobody
+listens to costs a dictionary lookup, not a loop over every callback.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from hookscope.train.events import BATCH_EVENTS, EVENTS
+
+if TYPE_CHECKING:
+    from hookscope.train.learner import Learner
+
+
+class Callback:
+    """Base class: override any event method; set ``order`` / ``run_before`` / ``run_after``.
+
+    ``run_before`` and ``run_after`` hold callback classes or their names. ``run_train`` /
+    ``run_valid`` say whether the batch events of each phase reach this callback.
+    """
+
+    order: int = 0
+    run_before: tuple[type | str, ...] = ()
+    run_after: tuple[type | str, ...] = ()
+    run_train: bool = True
+    run_valid: bool = True
+    learn: Learner
+
+    @property
+    def name(self) -> str:
+        """Snake-case class name without the ``Callback`` suffix: ``GradientClip`` -> ``gradient_clip``."""
+        return _snake(type(self).__name__.removesuffix("Callback") or "callback")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep to resume this callback exactly (plain containers only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(order={self.order})"
+
+
+class CallbackOrderError(ValueError):
+    """``run_before`` / ``run_after`` constraints form a cycle."""
+
+
+def sort_callbacks(cbs: Iterable[Callback]) -> list[Callback]:
+    """Order callbacks by ``order`` (then insertion), moved as little as needed to honour
+    ``run_before`` / ``run_after``; a cycle raises :class:`CallbackOrderError` naming the callbacks."""
+    pending = sorted(cbs, key=lambda cb: cb.order)
+    must_follow = {id(cb): _predecessors(cb, pending) for cb in pending}
+    ordered: list[Callback] = []
+    while pending:
+        ready = next((cb for cb in pending if not must_follow[id(cb)] - {id(c) for c in ordered}), None)
+        if ready is None:
+            names = ", ".join(type(cb).__name__ for cb in pending)
+            raise CallbackOrderError(
+                f"run_before/run_after constraints form a cycle among: {names}; remove one of the constraints"
+            )
+        ordered.append(ready)
+        pending.remove(ready)
+    return ordered
+
+
+def dispatch_table(cbs: list[Callback], *, training: bool) -> dict[str, list[Any]]:
+    """For each event, the bound methods to call in order; batch events honour run_train/run_valid."""
+    table: dict[str, list[Any]] = {}
+    for event in EVENTS:
+        methods = []
+        for cb in cbs:
+            method = getattr(cb, event, None)
+            if method is None:
+                continue
+            if event in BATCH_EVENTS and not (cb.run_train if training else cb.run_valid):
+                continue
+            methods.append(method)
+        table[event] = methods
+    return table
+
+
+def _predecessors(cb: Callback, cbs: list[Callback]) -> set[int]:
+    """ids of the callbacks that must run before ``cb``."""
+    before: set[int] = set()
+    for other in cbs:
+        if other is cb:
+            continue
+        if _refers_to(cb.run_after, other) or _refers_to(other.run_before, cb):
+            before.add(id(other))
+    return before
+
+
+def _refers_to(refs: tuple[type | str, ...], cb: Callback) -> bool:
+    cls = type(cb)
+    return any(
+        ref is cls or ref == cls.__name__ or (isinstance(ref, type) and isinstance(cb, ref)) for ref in refs
+    )
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
