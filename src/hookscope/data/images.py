@@ -1,0 +1,43 @@
+"""Images as model-ready tensors: scikit-learn's bundled ``china.jpg`` and any PNG/JPEG file.
+
+Both return a float tensor ``(1, 3, size, size)`` in [0, 1], the input the seed articles feed a ResNet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from sklearn.datasets import load_sample_image
+from torch.nn import functional as F
+
+
+def sample_image(size: int = 224) -> torch.Tensor:
+    """Return scikit-learn's bundled ``china.jpg`` resized to ``(1, 3, size, size)``, values in [0, 1]."""
+    return _to_tensor(load_sample_image("china.jpg"), size)
+
+
+def load_image(path: str | Path, size: int = 224) -> torch.Tensor:
+    """Read a PNG/JPEG file as ``(1, 3, size, size)`` in [0, 1] (grey and RGBA images become RGB)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_image: no image file at {path}; give the path of a PNG or JPEG file")
+    try:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(
+            f"load_image: cannot read {path} as an image ({err}); give a PNG or JPEG file"
+        ) from None
+    return _to_tensor(pixels, size)
+
+
+def _to_tensor(pixels: np.ndarray, size: int) -> torch.Tensor:
+    if size < 1:
+        raise ValueError(f"image size={size} must be a positive number of pixels, e.g. 224")
+    x = torch.tensor(pixels, dtype=torch.float32).permute(2, 0, 1).unsqueeze(0) / 255.0
+    # Antialiasing keeps a downscaled photo faithful; the clamp absorbs float rounding at 0 and 1.
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return x.clamp_(0.0, 1.0)
