@@ -1,0 +1,107 @@
+"""MetricsLogger: ``metrics.csv`` and ``metrics.jsonl``, one row per epoch and one per ``every`` steps.
+
+Both files hold the same rows, told apart by the ``kind`` column (``"epoch"`` or ``"step"``), so a
+spreadsheet, pandas or ``jq`` read them without knowing hookscope. Step losses stay on the device until
+the end of the epoch and are then read back in one transfer: logging never adds a per-step host sync.
+The files are rewritten atomically at the end of every epoch and of the fit, so a crash leaves the last
+complete version. The rows are part of ``state_dict``, so a resumed run continues the same files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookscope.run_folder import atomic_write_text
+from hookscope.train.callback import Callback
+
+LEADING_COLUMNS = ("kind", "epoch", "step")
+
+
+class MetricsLogger(Callback):
+    """Log per-epoch metrics (from ``learn.recorder.history``) and every ``every``-th training step.
+
+    ``folder`` receives ``metrics.csv`` and ``metrics.jsonl``. ``every`` bounds the rate of step rows;
+    ``every=0`` logs epochs only.
+    """
+
+    run_after = ("Recorder",)
+    run_valid = False
+
+    def __init__(self, folder: str | Path, every: int = 10) -> None:
+        if every < 0:
+            raise ValueError(f"MetricsLogger: every={every} must be >= 0 (0 logs epochs only)")
+        self.folder = Path(folder)
+        self.every = every
+        self.rows: list[dict[str, Any]] = []
+        self._pending: list[tuple[int, int, torch.Tensor, float]] = []
+
+    def after_step(self) -> None:
+        step = self.learn.training_step
+        if self.every == 0 or step % self.every != 0:
+            return
+        lr = self.learn.opt.param_groups[0]["lr"]
+        self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
+
+    def after_epoch(self) -> None:
+        self._take_pending()
+        row = dict(self.learn.recorder.history[-1])
+        self.rows.append(
+            {"kind": "epoch", "epoch": row.pop("epoch"), "step": self.learn.training_step, **row}
+        )
+        self.write()
+
+    def after_fit(self) -> None:
+        self._take_pending()
+        self.write()
+
+    def write(self) -> None:
+        """Rewrite both files from the rows logged so far."""
+        atomic_write_text(
+            self.folder / "metrics.jsonl", "".join(json.dumps(_clean(r)) + "\n" for r in self.rows)
+        )
+        atomic_write_text(self.folder / "metrics.csv", _to_csv(self.rows))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = [dict(r) for r in state["rows"]]
+
+    def _take_pending(self) -> None:
+        if not self._pending:
+            return
+        losses = torch.stack([loss.float().reshape(()) for _, _, loss, _ in self._pending]).tolist()
+        for (epoch, step, _, lr), loss in zip(self._pending, losses, strict=True):
+            self.rows.append({"kind": "step", "epoch": epoch, "step": step, "train_loss": loss, "lr": lr})
+        self._pending = []
+
+
+def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``folder/metrics.jsonl`` (empty when the file does not exist)."""
+    path = Path(folder) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _to_csv(rows: list[dict[str, Any]]) -> str:
+    columns = list(LEADING_COLUMNS)
+    for row in rows:
+        columns.extend(key for key in row if key not in columns)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN/Infinity: write them as null so every JSON reader accepts the file."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}

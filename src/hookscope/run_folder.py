@@ -1,0 +1,169 @@
+"""The run folder: one directory per run of the ``hookscope`` command, never left looking complete by a crash.
+
+Layout of ``runs/<name>/`` after ``hookscope train``::
+
+    config.json     every option, the command line, library versions, start and end time
+    metrics.csv     per-epoch rows and per-step rows at a bounded rate (column ``kind``)
+    metrics.jsonl   the same rows, one JSON object per line
+    findings.json   the doctor's findings
+    summary.txt     the model summary table; summary.json the same rows for the report
+    checkpoints/    final.pt and best.pt
+    figures/*.png   curves, statistics, gradient flow, feature maps
+    report.html     the self-contained report
+
+A run is written into the hidden sibling ``.<name>.partial`` and renamed to ``<name>`` only once every
+file is there, so a folder called ``<name>`` is always complete; an interrupted run stays ``.partial`` and
+``hookscope train --resume`` continues it. Every single file is written atomically too (temp file in the same
+folder, flush, fsync, ``os.replace``), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+PARTIAL_SUFFIX = ".partial"
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be created, resumed or finished; the message names the path and the fix."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write UTF-8 text atomically (see :func:`atomic_write_bytes`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically; non-JSON values (paths, dtypes) are written as strings."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, with a one-line error naming the file when it is missing or malformed."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path} does not exist; is {path.parent} a hookscope run folder?") from None
+    except json.JSONDecodeError as err:
+        raise RunFolderError(f"{path} is not valid JSON ({err}); rerun the command that wrote it") from None
+
+
+class RunFolder:
+    """Where one run writes its files: ``path`` is the hidden partial folder until :meth:`finish`."""
+
+    def __init__(self, final: Path, path: Path) -> None:
+        self.final = final
+        self.path = path
+
+    @classmethod
+    def start(cls, out: str | Path) -> RunFolder:
+        """Begin a fresh run that will end up at ``out``; a stale partial folder of ``out`` is discarded.
+
+        ``out`` may already hold an older complete run (it is replaced at :meth:`finish`), but not
+        unrelated files: that would be destroyed, so it is refused.
+        """
+        final = Path(out).expanduser().absolute()
+        if final.exists() and not _is_replaceable(final):
+            raise RunFolderError(
+                f"--out {final} already exists and is not a hookscope run folder (no {CONFIG}); "
+                "choose another --out or remove it"
+            )
+        partial = _partial_path(final)
+        try:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)
+            _check_writable(partial)
+        except OSError as err:
+            raise RunFolderError(
+                f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
+            ) from None
+        return cls(final, partial)
+
+    @classmethod
+    def resume(cls, run_dir: str | Path) -> RunFolder:
+        """Continue the run in ``run_dir``: an interrupted ``.<name>.partial`` folder or a finished one.
+
+        A finished run is copied to its partial folder first, so it stays intact until the resumed
+        run finishes.
+        """
+        given = Path(run_dir).expanduser().absolute()
+        if not (given / CONFIG).is_file():
+            raise RunFolderError(
+                f"--resume {given} is not a hookscope run folder (no {CONFIG}); "
+                "give the folder that `hookscope train` wrote"
+            )
+        if given.name.startswith(".") and given.name.endswith(PARTIAL_SUFFIX):
+            final = given.with_name(given.name[1 : -len(PARTIAL_SUFFIX)])
+            return cls(final, given)
+        partial = _partial_path(given)
+        try:
+            if partial.exists():
+                shutil.rmtree(partial)
+            shutil.copytree(given, partial)
+        except OSError as err:
+            raise RunFolderError(
+                f"cannot copy {given} to {partial} to resume ({err.strerror or err}); check permissions"
+            ) from None
+        return cls(given, partial)
+
+    def file(self, relative: str) -> Path:
+        """Path of a file inside the run (its parent folders are created)."""
+        path = self.path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def finish(self) -> Path:
+        """Rename the partial folder to its final name, replacing an older run there; return that name."""
+        old = self.final.with_name(f".{self.final.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        if self.final.exists():
+            os.replace(self.final, old)
+        os.replace(self.path, self.final)
+        if old.exists():
+            shutil.rmtree(old)
+        self.path = self.final
+        return self.final
+
+
+def _partial_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+
+
+def _is_replaceable(final: Path) -> bool:
+    """An empty folder or an earlier run folder may be replaced; anything else is the user's."""
+    if not final.is_dir():
+        return False
+    return (final / CONFIG).is_file() or not any(final.iterdir())
+
+
+def _check_writable(folder: Path) -> None:
+    """mkdir can succeed where writing files fails (read-only bind mounts); find out now, not at the end."""
+    probe = folder / ".write-probe"
+    probe.write_bytes(b"")
+    probe.unlink()
