@@ -1,0 +1,298 @@
+"""Running statistics of tensor streams, kept on the tensor's device and read back only on request.
+
+Watching activations during training is only affordable when it never stalls the device: fastai's
+ActivationStats calls ``.item()`` three times per layer per batch, a host sync each. Here every update is a
+handful of device ops whose results stay on the device; :func:`read_stats` turns any number of snapshots
+(many layers, many steps) into plain numbers with ONE device-to-host transfer.
+
+What is kept for a stream of tensors ``x``:
+
+- ``count`` values seen, ``mean`` and ``std`` over the finite values (sums in float64, so cancellation in
+  ``E[x^2] - E[x]^2`` costs nothing at float32 precision), ``abs_max`` of the finite values;
+- ``zero_fraction``: exact zeros among all values (what a ReLU produces; negatives are not "near zero");
+- ``nonfinite``: NaN and +/-Inf values, counted and left out of every other statistic, so one Inf does not
+  silently turn the mean into NaN;
+- a histogram of the finite values over ``range`` with ``bins`` equal bins; values outside the range are
+  clamped into the first or last bin, so the counts always add up to the finite values;
+- ``channel_abs_max``: the max |x| per channel (dim 1) for tensors of two or more dimensions, so a channel
+  whose max is 0 over a window is a dead unit.
+
+Parameter gradients get :func:`grad_norms` (one fused norm over every parameter) and
+:class:`UpdateRatio` (``||w_after - w_before|| / ||w_after||`` measured around ``opt.step()``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar, overload
+
+import numpy as np
+import torch
+from torch import nn
+
+# Layout of the float64 "sums" vector of a snapshot: three scalars, then the histogram counts.
+_SUM, _SUMSQ, _NONZERO = 0, 1, 2
+_HEAD = 3
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Statistics of every value a :class:`RunningStats` saw between two resets, as host values."""
+
+    count: int
+    mean: float
+    std: float
+    abs_max: float
+    zero_fraction: float
+    nonfinite: int
+    histogram: np.ndarray
+    edges: np.ndarray
+    channel_abs_max: np.ndarray
+
+    @property
+    def finite(self) -> int:
+        """How many values were finite (the ones mean, std and histogram describe)."""
+        return self.count - self.nonfinite
+
+    def dead_fraction(self, threshold: float = 0.0) -> float:
+        """Fraction of channels whose max |x| stayed at or below ``threshold`` (dead units).
+
+        0.0 when the tensors had no channel dimension.
+        """
+        if self.channel_abs_max.size == 0:
+            return 0.0
+        return float(np.mean(self.channel_abs_max <= threshold))
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """A snapshot still on the device: what :func:`read_stats` turns into :class:`TensorStats`.
+
+    ``sums`` is float64 ``[sum, sum of squares, non-zero count, histogram...]`` over the finite values,
+    ``maxes`` the per-channel max |x| (or a single overall max when ``channels`` is False).
+    """
+
+    count: int
+    sums: torch.Tensor
+    maxes: torch.Tensor
+    channels: bool
+    bins: int
+    range: tuple[float, float]
+
+
+class RunningStats:
+    """Accumulates statistics of every tensor passed to :meth:`update`, without a host sync.
+
+    ``bins`` and ``range`` define the histogram (``range`` should include negatives for anything but
+    post-ReLU activations). ``snapshot()`` hands the device-side state to :func:`read_stats`.
+    """
+
+    def __init__(self, bins: int = 40, range: tuple[float, float] = (-5.0, 5.0)) -> None:
+        low, high = float(range[0]), float(range[1])
+        if bins < 1 or not low < high:
+            raise ValueError(
+                f"RunningStats needs bins >= 1 and range low < high, got bins={bins}, range={range}; "
+                "use e.g. bins=40, range=(-5.0, 5.0)"
+            )
+        self.bins = bins
+        self.range = (low, high)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything seen so far."""
+        self.count = 0
+        self._sums: torch.Tensor | None = None
+        self._maxes: torch.Tensor | None = None
+        self._channels = False
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add every value of ``x`` (any shape, any float dtype) to the running statistics."""
+        if x.numel() == 0:
+            return
+        sums, maxes, channels = _batch_stats(x.detach(), self.bins, self.range)
+        if self._sums is None or self._maxes is None:
+            self._sums, self._maxes, self._channels = sums, maxes, channels
+        else:
+            self._check_same_channels(maxes, channels)
+            self._sums = self._sums + sums
+            self._maxes = torch.maximum(self._maxes, maxes)
+        self.count += x.numel()
+
+    def snapshot(self, reset: bool = False) -> DeviceStats | None:
+        """The state so far as a :class:`DeviceStats` (None before any update); ``reset`` starts afresh.
+
+        Cheap: no copy and no transfer, so a callback can take one per step and read them later in bulk.
+        """
+        if self._sums is None or self._maxes is None:
+            return None
+        snap = DeviceStats(self.count, self._sums, self._maxes, self._channels, self.bins, self.range)
+        if reset:
+            self.reset()
+        return snap
+
+    def read(self) -> TensorStats | None:
+        """The statistics so far as host values (one transfer); None before any update."""
+        snap = self.snapshot()
+        return None if snap is None else read_stats([snap])[0]
+
+    def _check_same_channels(self, maxes: torch.Tensor, channels: bool) -> None:
+        assert self._maxes is not None
+        if channels != self._channels or maxes.shape != self._maxes.shape:
+            raise ValueError(
+                f"RunningStats got a tensor with {maxes.numel() if channels else 'no'} channels (dim 1) "
+                "after "
+                f"tensors with {self._maxes.numel() if self._channels else 'no'} channels; keep one "
+                "RunningStats per stream of same-layout tensors"
+            )
+
+
+def _batch_stats(
+    x: torch.Tensor, bins: int, hist_range: tuple[float, float]
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Device-side statistics of one tensor: (float64 sums vector, per-channel max |x|, has channels)."""
+    if not x.is_floating_point():
+        x = x.float()
+    elif x.element_size() < 4:
+        x = x.float()  # half precision histograms and sums lose too much
+    low, high = hist_range
+    finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    # NaN is skipped by histc, so turning every non-finite value into NaN keeps them out of the counts;
+    # clamping puts out-of-range finite values into the edge bins.
+    for_hist = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=math.nan).clamp_(low, high)
+    head = torch.stack(
+        [
+            finite.sum(dtype=torch.float64),
+            torch.linalg.vector_norm(finite, dtype=torch.float64).square(),
+            torch.count_nonzero(x).to(torch.float64),
+        ]
+    )
+    sums = torch.cat([head, torch.histc(for_hist, bins=bins, min=low, max=high).to(torch.float64)])
+    magnitude = finite.abs()
+    if x.dim() >= 2:
+        dims = [d for d in range(x.dim()) if d != 1]
+        return sums, magnitude.amax(dim=dims), True
+    return sums, magnitude.amax().reshape(1), False
+
+
+@overload
+def read_stats(snapshots: Mapping[K, DeviceStats | RunningStats]) -> dict[K, TensorStats]: ...
+@overload
+def read_stats(snapshots: Sequence[DeviceStats | RunningStats]) -> list[TensorStats]: ...
+def read_stats(
+    snapshots: Mapping[K, DeviceStats | RunningStats] | Sequence[DeviceStats | RunningStats],
+) -> dict[K, TensorStats] | list[TensorStats]:
+    """Turn many device snapshots (or accumulators) into :class:`TensorStats` with one transfer per device.
+
+    A mapping returns a dict with the same keys; a sequence returns a list in the same order. An
+    accumulator that saw nothing yet raises, naming its key.
+    """
+    keys = list(snapshots.keys()) if isinstance(snapshots, Mapping) else None
+    items = list(snapshots.values()) if isinstance(snapshots, Mapping) else list(snapshots)
+    snaps = [_as_snapshot(item, keys[i] if keys is not None else i) for i, item in enumerate(items)]
+    host = to_host([t for snap in snaps for t in (snap.sums, snap.maxes)])
+    stats = [_to_tensor_stats(snap, host[2 * i], host[2 * i + 1]) for i, snap in enumerate(snaps)]
+    return dict(zip(keys, stats, strict=True)) if keys is not None else stats
+
+
+def _as_snapshot(item: DeviceStats | RunningStats, key: object) -> DeviceStats:
+    if isinstance(item, DeviceStats):
+        return item
+    snap = item.snapshot()
+    if snap is None:
+        raise ValueError(f"read_stats: the RunningStats at {key!r} has seen no tensor yet; update it first")
+    return snap
+
+
+def _to_tensor_stats(snap: DeviceStats, sums: np.ndarray, maxes: np.ndarray) -> TensorStats:
+    histogram = np.rint(sums[_HEAD:]).astype(np.int64)
+    finite = int(histogram.sum())
+    mean = sums[_SUM] / finite if finite else math.nan
+    var = max(sums[_SUMSQ] / finite - mean * mean, 0.0) if finite else math.nan
+    return TensorStats(
+        count=snap.count,
+        mean=float(mean),
+        std=math.sqrt(var),
+        abs_max=float(maxes.max()) if finite else math.nan,
+        zero_fraction=(snap.count - float(sums[_NONZERO])) / snap.count if snap.count else math.nan,
+        nonfinite=snap.count - finite,
+        histogram=histogram,
+        edges=np.linspace(snap.range[0], snap.range[1], snap.bins + 1),
+        channel_abs_max=maxes.astype(np.float64) if snap.channels else np.zeros(0),
+    )
+
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Copy many tensors to the host as float64 numpy arrays with one transfer per device.
+
+    Each tensor is flattened, all of a device are concatenated on that device, copied once, and split
+    back into arrays shaped like the inputs.
+    """
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for indices in by_device.values():
+        flat = torch.cat([tensors[i].detach().reshape(-1).to(torch.float64) for i in indices]).cpu().numpy()
+        offset = 0
+        for i in indices:
+            n = tensors[i].numel()
+            out[i] = flat[offset : offset + n].reshape(tensors[i].shape)
+            offset += n
+    return [a for a in out if a is not None]
+
+
+def grad_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each parameter's ``.grad`` as one device vector (one fused op, no host sync).
+
+    Every parameter must have a gradient; filter with ``p.grad is not None`` first (a host-side check).
+    """
+    missing = [i for i, p in enumerate(params) if p.grad is None]
+    if missing:
+        raise ValueError(
+            f"grad_norms: parameters at positions {missing[:5]} have no .grad; pass only parameters "
+            "with p.grad is not None"
+        )
+    if not params:
+        return torch.zeros(0)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.stack(torch._foreach_norm(grads)).to(torch.float32)
+
+
+class UpdateRatio:
+    """Measures ``||w_after - w_before|| / ||w_after||`` per parameter around an optimizer step.
+
+    Call :meth:`before` just before ``opt.step()`` and :meth:`after` just after; ``after`` returns the
+    ratios as one device vector in the order of ``params``. A healthy rate is around 1e-3.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+        self.params = [p.detach() for p in params]
+        self._before: list[torch.Tensor] = []
+        self._armed = False
+
+    def before(self) -> None:
+        """Remember the current weights (copied into buffers reused from step to step)."""
+        if not self.params:
+            return
+        if len(self._before) != len(self.params):
+            self._before = [torch.empty_like(p) for p in self.params]
+        torch._foreach_copy_(self._before, self.params)
+        self._armed = True
+
+    def after(self) -> torch.Tensor:
+        """The update-to-weight ratio of each parameter since :meth:`before`, on the device."""
+        if not self.params:
+            return torch.zeros(0)
+        if not self._armed:
+            raise RuntimeError(
+                "UpdateRatio.after() called without before(); call before() ahead of opt.step()"
+            )
+        self._armed = False
+        torch._foreach_sub_(self._before, self.params)
+        deltas = torch.stack(torch._foreach_norm(self._before))
+        weights = torch.stack(torch._foreach_norm(self.params))
+        return (deltas / weights.clamp_min(torch.finfo(weights.dtype).tiny)).to(torch.float32)

@@ -1,0 +1,189 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hookscope.hooks.stats import (
+    DeviceStats,
+    RunningStats,
+    TensorStats,
+    UpdateRatio,
+    grad_norms,
+    read_stats,
+    to_host,
+)
+
+
+def direct(values: torch.Tensor, bins: int, low: float, high: float) -> dict:
+    """The statistics computed the obvious way, in float64, on all values at once."""
+    flat = values.detach().double().reshape(-1)
+    finite = flat[torch.isfinite(flat)]
+    return {
+        "count": flat.numel(),
+        "mean": finite.mean().item(),
+        "std": finite.std(unbiased=False).item(),
+        "abs_max": finite.abs().max().item(),
+        "zero_fraction": (flat == 0).double().mean().item(),
+        "nonfinite": int((~torch.isfinite(flat)).sum()),
+        "histogram": torch.histc(finite.clamp(low, high), bins=bins, min=low, max=high).long().numpy(),
+    }
+
+
+def test_stats_equal_a_direct_computation_over_several_updates():
+    torch.manual_seed(0)
+    batches = [
+        torch.randn(8, 3, 5, 5) * 2 + 0.5,
+        torch.relu(torch.randn(4, 3, 5, 5)),
+        torch.randn(2, 3, 5, 5),
+    ]
+    stats = RunningStats(bins=12, range=(-3.0, 3.0))
+    for batch in batches:
+        stats.update(batch)
+    got = stats.read()
+    want = direct(torch.cat(batches), 12, -3.0, 3.0)
+    assert isinstance(got, TensorStats)
+    assert got.count == want["count"]
+    assert got.mean == pytest.approx(want["mean"], rel=1e-9, abs=1e-12)
+    assert got.std == pytest.approx(want["std"], rel=1e-9)
+    assert got.abs_max == pytest.approx(want["abs_max"], rel=1e-6)
+    assert got.zero_fraction == pytest.approx(want["zero_fraction"])
+    assert got.nonfinite == 0
+    np.testing.assert_array_equal(got.histogram, want["histogram"])
+    np.testing.assert_allclose(got.edges, np.linspace(-3.0, 3.0, 13))
+
+
+def test_histogram_counts_negatives_and_clamps_out_of_range_values_into_edge_bins():
+    x = torch.tensor([-10.0, -1.5, -0.5, 0.0, 0.5, 1.5, 10.0, 2.0, -2.0])
+    stats = RunningStats(bins=4, range=(-2.0, 2.0))
+    stats.update(x)
+    got = stats.read()
+    # bins: [-2,-1) [-1,0) [0,1) [1,2]; -10 and 10 are clamped into the edge bins.
+    np.testing.assert_array_equal(got.histogram, [3, 1, 2, 3])
+    assert got.histogram.sum() == x.numel()
+
+
+def test_nonfinite_values_are_counted_and_left_out_of_the_moments():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [3.0, float("inf"), -float("inf")]])
+    stats = RunningStats(bins=4, range=(0.0, 4.0))
+    stats.update(x)
+    got = stats.read()
+    assert got.nonfinite == 3
+    assert got.finite == 3
+    assert got.mean == pytest.approx(2.0)
+    assert got.std == pytest.approx(math.sqrt(2 / 3))
+    assert got.abs_max == pytest.approx(3.0)
+    assert got.histogram.sum() == 3
+    np.testing.assert_allclose(got.channel_abs_max, [3.0, 2.0, 0.0])
+
+
+def test_all_nonfinite_gives_nan_moments_not_an_error():
+    stats = RunningStats()
+    stats.update(torch.full((3, 2), float("nan")))
+    got = stats.read()
+    assert got.nonfinite == 6
+    assert math.isnan(got.mean) and math.isnan(got.std) and math.isnan(got.abs_max)
+
+
+def test_per_channel_abs_max_finds_dead_units():
+    x = torch.randn(16, 6, 4, 4).abs() + 0.1
+    x[:, [1, 4]] = 0.0
+    stats = RunningStats()
+    stats.update(torch.relu(x))
+    got = stats.read()
+    assert got.channel_abs_max.shape == (6,)
+    assert got.channel_abs_max[1] == 0.0 and got.channel_abs_max[4] == 0.0
+    assert got.dead_fraction() == pytest.approx(2 / 6)
+    assert got.zero_fraction == pytest.approx(2 / 6)
+
+
+def test_one_dimensional_tensors_have_no_channels():
+    stats = RunningStats()
+    stats.update(torch.tensor([-3.0, 1.0]))
+    got = stats.read()
+    assert got.channel_abs_max.size == 0
+    assert got.dead_fraction() == 0.0
+    assert got.abs_max == 3.0
+
+
+def test_half_precision_input_is_accumulated_in_float64():
+    x = torch.randn(64, 8, dtype=torch.bfloat16)
+    stats = RunningStats()
+    stats.update(x)
+    assert stats.read().mean == pytest.approx(x.double().mean().item(), rel=1e-9, abs=1e-12)
+
+
+def test_snapshot_reset_starts_a_new_window_and_empty_stats_read_as_none():
+    stats = RunningStats()
+    assert stats.read() is None
+    stats.update(torch.ones(4))
+    snap = stats.snapshot(reset=True)
+    assert isinstance(snap, DeviceStats)
+    assert stats.snapshot() is None
+    stats.update(torch.full((2,), 3.0))
+    first, second = read_stats([snap, stats.snapshot()])
+    assert (first.count, first.mean) == (4, 1.0)
+    assert (second.count, second.mean) == (2, 3.0)
+
+
+def test_read_stats_keeps_mapping_keys_and_names_an_empty_accumulator():
+    a, b = RunningStats(), RunningStats()
+    a.update(torch.ones(3))
+    b.update(-torch.ones(3))
+    got = read_stats({"conv1": a, "conv2": b})
+    assert list(got) == ["conv1", "conv2"]
+    assert got["conv2"].mean == -1.0
+    with pytest.raises(ValueError, match="'fc'"):
+        read_stats({"fc": RunningStats()})
+
+
+def test_channel_count_must_not_change():
+    stats = RunningStats()
+    stats.update(torch.ones(2, 3, 4))
+    with pytest.raises(ValueError, match="4 channels"):
+        stats.update(torch.ones(2, 4, 4))
+
+
+def test_bad_histogram_settings_are_refused():
+    with pytest.raises(ValueError, match="range"):
+        RunningStats(bins=10, range=(1.0, 1.0))
+
+
+def test_to_host_returns_arrays_shaped_like_the_inputs():
+    a, b = torch.arange(6.0).reshape(2, 3), torch.tensor(7, dtype=torch.int64)
+    host_a, host_b = to_host([a, b])
+    np.testing.assert_array_equal(host_a, a.numpy())
+    assert host_b.shape == () and host_b == 7
+
+
+def test_grad_norms_match_torch_norm_per_parameter():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    model(torch.randn(5, 4)).pow(2).sum().backward()
+    params = list(model.parameters())
+    got = grad_norms(params)
+    want = torch.stack([p.grad.norm() for p in params])
+    torch.testing.assert_close(got, want)
+
+
+def test_grad_norms_refuse_parameters_without_gradient():
+    layer = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"no \.grad"):
+        grad_norms(list(layer.parameters()))
+
+
+def test_update_ratio_is_update_norm_over_weight_norm():
+    layer = nn.Linear(4, 4)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(torch.randn(3, 4)).sum().backward()
+    before = [p.detach().clone() for p in layer.parameters()]
+    tracker = UpdateRatio(list(layer.parameters()))
+    tracker.before()
+    opt.step()
+    got = tracker.after()
+    want = torch.stack(
+        [(p.detach() - b).norm() / p.detach().norm() for p, b in zip(layer.parameters(), before, strict=True)]
+    )
+    torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="before"):
+        tracker.after()
