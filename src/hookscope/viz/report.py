@@ -1,0 +1,309 @@
+"""The run report: one self-contained HTML file built from a run folder; no network, no JavaScript needed.
+
+Everything comes from the files of the run folder (``config.json``, ``metrics.jsonl``, ``findings.json``,
+``summary.json``, ``stats.json``, ``figures/*.png``), so ``hookscope report RUN_DIR`` can rebuild the report
+at any time. Figures are embedded as ``data:`` URIs and the style sheet is inline: the file can be mailed,
+attached to an issue or opened from a laptop with no network. A figure is placed in its section by the
+start of its file name (``loss*.png`` under "Training curves", ``feature_maps*.png`` under "Feature maps"...).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hookscope.callbacks.loggers.metrics import read_metrics
+from hookscope.run_folder import atomic_write_text
+
+REPORT = "report.html"
+
+# (section title, figure file-name prefixes, what the reader looks at)
+SECTIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "Training curves",
+        ("loss", "metric"),
+        "Training and validation loss, and the metrics, per step and epoch.",
+    ),
+    ("Learning-rate schedule", ("lr",), "The learning rate the optimizer used at every step."),
+    (
+        "Activations",
+        ("activation", "colorful"),
+        "Per-layer activation statistics over training; the colorful-dimension images show, step by step "
+        "(x axis), the histogram of each layer's activations (y axis, darker = fewer values).",
+    ),
+    (
+        "Gradient flow",
+        ("gradient",),
+        "Gradient norms per layer: vanishing gradients show as a collapsing bar.",
+    ),
+    ("Feature maps", ("feature_maps",), "What the first conv layers produce on one validation sample."),
+)
+
+STYLE = """
+:root { --ink: #1f2933; --muted: #616e7c; --line: #d9dee4; --panel: #f5f7fa; --accent: #2f6fde; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: var(--ink); background: #fff; }
+main { max-width: 1120px; margin: 0 auto; padding: 28px 28px 60px; }
+header h1 { margin: 0 0 4px; font-size: 26px; }
+header p { margin: 0; color: var(--muted); }
+h2 { margin: 36px 0 6px; font-size: 20px; border-bottom: 2px solid var(--line); padding-bottom: 4px; }
+.lead { color: var(--muted); margin: 0 0 12px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr)); gap: 10px;
+         margin-top: 18px; }
+.card { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; }
+.card .k { font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); }
+.card .v { font-size: 19px; font-weight: 600; overflow-wrap: anywhere; }
+.figs { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 14px; }
+figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 8px; }
+figure img { width: 100%; height: auto; display: block; }
+figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
+table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
+th, td { text-align: left; padding: 5px 9px; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { background: var(--panel); position: sticky; top: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tbody tr:nth-child(even) { background: #fafbfc; }
+.scroll { max-height: 560px; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
+.sev { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
+       color: #fff; }
+.sev-error, .sev-critical { background: #c62828; } .sev-warning { background: #e08a00; }
+.sev-info { background: #2f6fde; } .sev-ok { background: #2e7d32; }
+.note { color: var(--muted); font-style: italic; }
+code { background: var(--panel); padding: 0 4px; border-radius: 4px; }
+details summary { cursor: pointer; color: var(--accent); margin: 8px 0; }
+pre { background: var(--panel); padding: 10px; border-radius: 8px; overflow: auto; font-size: 12.5px; }
+"""
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Build ``run_dir/report.html`` from the run folder's files and return its path."""
+    run_dir = Path(run_dir)
+    config = _read_json(run_dir / "config.json", {})
+    rows = read_metrics(run_dir)
+    summary = _read_json(run_dir / "summary.json", {})
+    findings = _read_json(run_dir / "findings.json", None)
+    stats = _read_json(run_dir / "stats.json", [])
+    figures = sorted((run_dir / "figures").glob("*.png"))
+    body = [
+        _header(config, rows, summary),
+        *_figure_sections(figures, config),
+        _findings_section(findings),
+        _stats_section(stats),
+        _summary_section(summary),
+        _config_section(config),
+    ]
+    title = f"hookscope report: {run_dir.name}"
+    page = _page(title, "\n".join(body))
+    return atomic_write_text(run_dir / REPORT, page)
+
+
+def write_feature_map_index(folder: str | Path, layers: Iterable[tuple[str, str, str]], title: str) -> Path:
+    """Write ``folder/index.html`` listing ``(layer name, png file name, shape)`` grids next to it."""
+    folder = Path(folder)
+    figures = [
+        f'<figure><img src="{html.escape(png)}" alt="feature maps of {html.escape(name)}">'
+        f"<figcaption><code>{html.escape(name)}</code> output {html.escape(shape)}</figcaption></figure>"
+        for name, png, shape in layers
+    ]
+    body = (
+        f"<header><h1>{html.escape(title)}</h1><p>One grid of feature maps per selected layer, in model "
+        "order.</p></header>\n"
+        f'<div class="figs">{"".join(figures)}</div>'
+    )
+    return atomic_write_text(folder / "index.html", _page(title, body))
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n"
+        f"<body>\n<main>\n{body}\n</main>\n</body>\n</html>\n"
+    )
+
+
+def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    options = config.get("options", {})
+    epochs = [r for r in rows if r.get("kind") == "epoch"]
+    last = epochs[-1] if epochs else {}
+    cards = [
+        ("model", options.get("model")),
+        ("data", options.get("data")),
+        ("parameters", _count(summary.get("total_params"))),
+        ("MACs / sample", _count(summary.get("total_macs"))),
+        ("epochs", len(epochs) or None),
+        ("training time", _duration(config.get("duration_s"))),
+    ]
+    cards += [(key.replace("_", " "), _fmt(value)) for key, value in last.items() if _is_final_metric(key)]
+    shown = "".join(
+        f'<div class="card"><div class="k">{html.escape(k)}</div>'
+        f'<div class="v">{html.escape(str(v))}</div></div>'
+        for k, v in cards
+        if v is not None
+    )
+    started = config.get("started", "")
+    command = config.get("command", "")
+    return (
+        f"<header><h1>hookscope run <code>{html.escape(str(config.get('name', '')))}</code></h1>"
+        f"<p>{html.escape(started)} · <code>{html.escape(command)}</code></p>"
+        f'<div class="cards">{shown}</div></header>'
+    )
+
+
+def _is_final_metric(key: str) -> bool:
+    return key not in ("kind", "epoch", "step", "time", "lr")
+
+
+def _figure_sections(figures: list[Path], config: dict[str, Any]) -> list[str]:
+    placed: set[Path] = set()
+    sections = []
+    for title, prefixes, lead in SECTIONS:
+        mine = [f for f in figures if f.stem.startswith(prefixes)]
+        placed.update(mine)
+        sections.append(_section(title, lead, _figures_html(mine) if mine else _missing(title, config)))
+    others = [f for f in figures if f not in placed]
+    if others:
+        sections.append(_section("Other figures", "", _figures_html(others)))
+    return sections
+
+
+def _missing(title: str, config: dict[str, Any]) -> str:
+    options = config.get("options", {})
+    if title in ("Activations", "Gradient flow") and options.get("doctor") is False:
+        return (
+            '<p class="note">Not recorded: the run used --no-doctor, which also turns the statistics off.</p>'
+        )
+    return '<p class="note">Not recorded in this run.</p>'
+
+
+def _figures_html(figures: list[Path]) -> str:
+    items = []
+    for path in figures:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        caption = path.stem.replace("_", " ")
+        items.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+    return f'<div class="figs">{"".join(items)}</div>'
+
+
+def _findings_section(findings: list[dict[str, Any]] | None) -> str:
+    lead = "What the doctor saw while training, most severe first, with the layer where it happened."
+    if findings is None:
+        return _section("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
+    rows = [
+        [
+            f'<span class="sev sev-{html.escape(str(f.get("severity", "info")).lower())}">'
+            f"{html.escape(str(f.get('severity', 'info')))}</span>",
+            f"<code>{html.escape(str(_layer(f)))}</code>",
+            html.escape(_fmt(f.get("step", ""))),
+            html.escape(str(f.get("message", ""))),
+        ]
+        for f in findings
+    ]
+    if not rows:
+        rows = [['<span class="sev sev-ok">ok</span>', "", "", "No problem found."]]
+    table = _table(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
+    return _section("Doctor's findings", lead, table)
+
+
+def _layer(finding: dict[str, Any]) -> str:
+    return finding.get("layer") or finding.get("module") or finding.get("name") or ""
+
+
+def _stats_section(stats: list[dict[str, Any]]) -> str:
+    lead = "Activation statistics per layer at the end of training (accumulated on the device)."
+    if not stats:
+        return _section(
+            "Per-layer activation statistics", lead, '<p class="note">Not recorded in this run.</p>'
+        )
+    columns = list(stats[0])
+    rows = [[html.escape(_fmt(row.get(c, ""))) for c in columns] for row in stats]
+    numeric = {i for i, c in enumerate(columns) if isinstance(stats[0].get(c), int | float)}
+    return _section("Per-layer activation statistics", lead, _table(columns, rows, numeric, "stats"))
+
+
+def _summary_section(summary: dict[str, Any]) -> str:
+    lead = "Every layer with its output shape, parameters and multiply-accumulates for one sample batch."
+    rows_in = summary.get("rows", [])
+    if not rows_in:
+        return _section("Model summary", lead, '<p class="note">Not recorded in this run.</p>')
+    columns = list(rows_in[0])
+    rows = [[html.escape(_fmt(row.get(c, ""))) for c in columns] for row in rows_in]
+    numeric = {i for i, c in enumerate(columns) if isinstance(rows_in[0].get(c), int | float)}
+    totals = (
+        f"<p>Total parameters <b>{_count(summary.get('total_params'))}</b> · trainable "
+        f"<b>{_count(summary.get('trainable_params'))}</b> · MACs per batch "
+        f"<b>{_count(summary.get('total_macs'))}</b></p>"
+    )
+    return _section("Model summary", lead, totals + _table(columns, rows, numeric, "summary"))
+
+
+def _config_section(config: dict[str, Any]) -> str:
+    text = html.escape(json.dumps(config, indent=2, default=str))
+    body = (
+        "<details><summary>config.json (every option and library version)</summary>"
+        f"<pre>{text}</pre></details>"
+    )
+    return _section("Configuration", "", body)
+
+
+def _section(title: str, lead: str, body: str) -> str:
+    lead_html = f'<p class="lead">{html.escape(lead)}</p>' if lead else ""
+    return f"<section><h2>{html.escape(title)}</h2>{lead_html}{body}</section>"
+
+
+def _table(columns: list[str], rows: list[list[str]], numeric: set[int], table_id: str) -> str:
+    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return (
+        f'<div class="scroll"><table id="{table_id}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "×".join(str(v) for v in value) if all(isinstance(v, int) for v in value) else str(value)
+    return str(value)
+
+
+def _count(value: Any) -> str | None:
+    if not isinstance(value, int | float):
+        return None
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return str(int(value))
+
+
+def _duration(seconds: Any) -> str | None:
+    if not isinstance(seconds, int | float):
+        return None
+    minutes, secs = divmod(float(seconds), 60)
+    return f"{int(minutes)} min {secs:.0f} s" if minutes else f"{secs:.1f} s"
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    if not path.is_file():
+        return default
+    return json.loads(path.read_text(encoding="utf-8"))
