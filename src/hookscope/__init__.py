@@ -3,6 +3,8 @@
 This module only re-exports the public API; every name lives in the module named for what it is.
 """
 
+from hookscope import viz
+from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import SelectionError, select
 from hookscope.train.callback import Callback, CallbackOrderError
@@ -28,8 +30,13 @@ __all__ = [
     "CancelStepException",
     "CancelTrainException",
     "CancelValidException",
+    "Capture",
+    "CaptureLimitError",
     "HookSet",
+    "Record",
     "SelectionError",
     "__version__",
+    "capture",
     "select",
+    "viz",
 ]

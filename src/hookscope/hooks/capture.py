@@ -1,0 +1,346 @@
+"""capture(): record what selected modules receive and produce, forward and backward, keyed by name and call.
+
+Three rules make the recorded data trustworthy (each one is a known bug of hand-written hooks):
+
+- Values are copied when the hook fires. A hook that keeps a reference sees later in-place ops: ResNet's
+  ``bn1`` output is overwritten by ``relu(inplace=True)`` a moment later and loses its negative values.
+  The copy costs memory; ``reduce=`` (keep a summary), ``to="cpu"`` (offload) and ``max_bytes`` bound it.
+- Gradients come from tensor hooks on the output and input tensors, never ``register_full_backward_hook``,
+  which raises "a view ... is being modified inplace" when an in-place op follows the module.
+- A module called twice in one forward keeps both calls; every hook is owned by a :class:`HookSet` and
+  removed on exit, also when the forward or a hook raised.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.select import Spec, select
+
+KINDS = ("output", "input", "grad_output", "grad_input")
+
+
+class CaptureLimitError(RuntimeError):
+    """Storing one more captured value would exceed the ``max_bytes`` bound given to :func:`capture`."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One captured value: module ``name``, its ``call`` number (0 = first call), ``kind`` and ``value``.
+
+    ``value`` is a tensor, or the module's own structure (tuple, list, dict) of copied tensors when it
+    returned several; for ``grad_*`` kinds with several tensors it is a list, one entry per tensor that
+    requires grad in flattened order, ``None`` where no gradient flowed.
+    """
+
+    name: str
+    call: int
+    kind: str
+    value: Any
+
+
+class Capture:
+    """Recorded values of the modules selected by :func:`capture`; removes its hooks on exit or ``remove()``.
+
+    ``records`` and ``outputs`` list everything in firing order; ``cap[name]`` is the most recent call of a
+    module (``cap[name, kind]`` when several kinds are captured); ``cap.calls(name)`` lists every call.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: Spec = None,
+        what: str | tuple[str, ...] = "output",
+        to: str | torch.device | None = None,
+        reduce: Callable[[torch.Tensor], Any] | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        _refuse_compiled(model)
+        self.kinds = _parse_what(what)
+        self.to = torch.device(to) if to is not None else None
+        self.reduce = reduce
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._records: list[Record] = []
+        self._n_calls: dict[str, int] = {}
+        self._hooks = HookSet()
+        self._offloaded_from_cuda = False
+        modules = select(model, spec)
+        for name, module in modules:
+            _refuse_compiled(module, name)
+        try:
+            for name, module in modules:
+                self._attach(name, module)
+        except BaseException:
+            self._hooks.remove()
+            raise
+
+    @property
+    def records(self) -> list[Record]:
+        """Every captured value as a :class:`Record`, in firing order."""
+        self._wait_for_offload()
+        return list(self._records)
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The captured values in firing order (for several kinds, filter :attr:`records` by kind)."""
+        return [record.value for record in self.records]
+
+    def calls(self, name: str, kind: str | None = None) -> list[Any]:
+        """Values of every call of module ``name`` in call order; ``kind`` is needed when several are kept."""
+        kind = self._one_kind(kind, name)
+        found = [record.value for record in self.records if record.name == name and record.kind == kind]
+        if found or name in self._n_calls:
+            return found
+        raise KeyError(self._unknown_name_message(name))
+
+    def __getitem__(self, key: str | tuple[str, str]) -> Any:
+        name, kind = key if isinstance(key, tuple) else (key, None)
+        values = self.calls(name, kind)
+        if not values:
+            raise KeyError(
+                f"capture: module {name!r} ran but recorded no {kind or self.kinds[0]!r} value yet"
+            )
+        return values[-1]
+
+    def __contains__(self, name: object) -> bool:
+        return any(record.name == name for record in self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        names = {record.name for record in self._records}
+        hooks = len(self._hooks)
+        return f"Capture({len(self)} records from {len(names)} modules, what={self.kinds}, hooks={hooks})"
+
+    def clear(self) -> None:
+        """Forget every record and call count; the hooks stay attached."""
+        self._records.clear()
+        self._n_calls.clear()
+        self.nbytes = 0
+
+    def remove(self) -> None:
+        """Remove every hook this capture registered; the records stay readable. Idempotent."""
+        self._hooks.remove()
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    def _attach(self, name: str, module: nn.Module) -> None:
+        # The call number is taken in the pre-hook so that every kind of one call shares it; inputs are
+        # copied there too, before an in-place module (ReLU(inplace=True)) overwrites them.
+        before = self._guarded(lambda module, args, kwargs: self._before(name, args, kwargs))
+        self._hooks.forward_pre(module, before, with_kwargs=True)
+        if "output" in self.kinds or "grad_output" in self.kinds:
+            after = self._guarded(lambda module, args, output: self._after(name, output))
+            self._hooks.forward(module, after)
+
+    def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """Wrap a hook so that an error inside it removes every hook before propagating."""
+
+        def run(*args: Any) -> None:
+            try:
+                hook(*args)
+            except BaseException:
+                self._hooks.remove()
+                raise
+
+        return run
+
+    def _before(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        call = self._n_calls.get(name, 0)
+        self._n_calls[name] = call + 1
+        inputs = _inputs_value(args, kwargs)
+        if "input" in self.kinds:
+            self._store(Record(name, call, "input", _map_tensors(self._keep, inputs)), name, "input")
+        if "grad_input" in self.kinds:
+            self._watch_grads(name, call, "grad_input", inputs)
+
+    def _after(self, name: str, output: Any) -> None:
+        call = self._n_calls[name] - 1
+        if "output" in self.kinds:
+            self._store(Record(name, call, "output", _map_tensors(self._keep, output)), name, "output")
+        if "grad_output" in self.kinds:
+            self._watch_grads(name, call, "grad_output", output)
+
+    def _watch_grads(self, name: str, call: int, kind: str, value: Any) -> None:
+        tensors = [t for t in _flatten_tensors(value) if t.requires_grad]
+        if len(tensors) == 1:
+            self._hooks.tensor(tensors[0], self._guarded(lambda g: self._store_grad(name, call, kind, g)))
+            return
+        slots: list[Any] = [None] * len(tensors)
+        for i, tensor in enumerate(tensors):
+            hook = self._guarded(lambda g, i=i: self._store_grad_slot(name, call, kind, slots, i, g))
+            self._hooks.tensor(tensor, hook)
+
+    def _store_grad(self, name: str, call: int, kind: str, grad: torch.Tensor) -> None:
+        self._store(Record(name, call, kind, self._keep(grad)), name, kind)
+
+    def _store_grad_slot(
+        self, name: str, call: int, kind: str, slots: list[Any], i: int, grad: torch.Tensor
+    ) -> None:
+        # The record enters at the first gradient of this call (its firing position); later ones fill in.
+        first = all(slot is None for slot in slots)
+        kept = self._keep(grad)
+        self._check_bound(_nbytes(kept), name, kind)
+        slots[i] = kept
+        self.nbytes += _nbytes(kept)
+        if first:
+            self._records.append(Record(name, call, kind, slots))
+
+    def _store(self, record: Record, name: str, kind: str) -> None:
+        size = _nbytes(record.value)
+        self._check_bound(size, name, kind)
+        self.nbytes += size
+        self._records.append(record)
+
+    def _check_bound(self, size: int, name: str, kind: str) -> None:
+        if self.max_bytes is None or self.nbytes + size <= self.max_bytes:
+            return
+        raise CaptureLimitError(
+            f"capture: keeping the {kind} of module {name!r} ({size:,} bytes) would exceed "
+            f"max_bytes={self.max_bytes:,} ({self.nbytes:,} bytes already kept); raise max_bytes, select "
+            "fewer modules, or shrink each value with reduce=..."
+        )
+
+    def _keep(self, tensor: torch.Tensor) -> Any:
+        """Detach, reduce and move a tensor, copying it unless the result already owns its memory."""
+        source = tensor.detach()
+        value = self.reduce(source) if self.reduce is not None else source
+        if not isinstance(value, torch.Tensor):
+            return value
+        if self.to is not None:
+            from_cuda = value.is_cuda and self.to.type == "cpu"
+            self._offloaded_from_cuda = self._offloaded_from_cuda or from_cuda
+            value = value.to(self.to, non_blocking=from_cuda)
+        if _shares_memory(value, source):
+            value = value.clone()
+        return value
+
+    def _wait_for_offload(self) -> None:
+        # Non-blocking device-to-host copies are only complete once the device has caught up.
+        if self._offloaded_from_cuda:
+            torch.cuda.synchronize()
+            self._offloaded_from_cuda = False
+
+    def _one_kind(self, kind: str | None, name: str) -> str:
+        if kind is None and len(self.kinds) == 1:
+            return self.kinds[0]
+        if kind is None:
+            raise KeyError(
+                f"capture: several kinds were captured {self.kinds}; ask for one, e.g. "
+                f"cap[{name!r}, {self.kinds[0]!r}] or cap.calls({name!r}, {self.kinds[0]!r})"
+            )
+        if kind not in self.kinds:
+            raise KeyError(f"capture: kind {kind!r} was not captured; this capture holds {self.kinds}")
+        return kind
+
+    def _unknown_name_message(self, name: str) -> str:
+        known = sorted(self._n_calls) or sorted({record.name for record in self._records})
+        closest = difflib.get_close_matches(name, known, n=5, cutoff=0.4)
+        hint = f"; closest: {', '.join(closest)}" if closest else ""
+        if not known:
+            hint = "; no selected module has run yet (call the model inside the with-block)"
+        return f"capture: no module named {name!r} was captured{hint}"
+
+
+def capture(
+    model: nn.Module,
+    spec: Spec = None,
+    what: str | tuple[str, ...] = "output",
+    to: str | torch.device | None = None,
+    reduce: Callable[[torch.Tensor], Any] | None = None,
+    max_bytes: int | None = None,
+) -> Capture:
+    """Record what the modules of ``model`` selected by ``spec`` (see :func:`select`) see and produce.
+
+    ``what`` is ``"output"``, ``"input"``, ``"grad_output"``, ``"grad_input"`` or a tuple of them; gradients
+    are what ``torch.autograd.grad(loss, tensor)`` gives for the module's output/input tensor, recorded while
+    ``backward`` runs inside the block. ``to`` moves each copy (``"cpu"`` offloads), ``reduce`` keeps
+    ``reduce(tensor)`` instead of the tensor, ``max_bytes`` bounds what is kept (:class:`CaptureLimitError`).
+    Use it as a context manager, or call ``.remove()`` yourself.
+    """
+    return Capture(model, spec, what=what, to=to, reduce=reduce, max_bytes=max_bytes)
+
+
+def _parse_what(what: str | tuple[str, ...]) -> tuple[str, ...]:
+    kinds = (what,) if isinstance(what, str) else tuple(what)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(
+            f"capture: unknown what={what!r}; use one of {', '.join(map(repr, KINDS))} or a tuple of them"
+        )
+    return tuple(dict.fromkeys(kinds))
+
+
+def _inputs_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The one positional tensor for the usual ``forward(x)``; else the args, with the kwargs dict last."""
+    if kwargs:
+        return (*args, kwargs)
+    if len(args) == 1:
+        return args[0]
+    return args
+
+
+def _refuse_compiled(module: nn.Module, name: str = "") -> None:
+    # torch.compile guards do not watch module hooks, so hooks added after compiling can silently never
+    # fire (or fire on a stale graph): refuse instead of recording nothing.
+    # torch.compile imports torch._dynamo; when it is not loaded nothing can be compiled, and importing it
+    # here would cost a second per capture.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+    if not compiled and getattr(module, "_compiled_call_impl", None) is None:
+        return
+    where = f"module {name!r}" if name else "the model"
+    fix = "pass model._orig_mod and call it uncompiled" if compiled else "capture on an uncompiled copy"
+    raise TypeError(
+        f"capture: {where} is compiled with torch.compile, whose graph would skip or misplace hooks; "
+        f"{fix} inside the with-block, or capture before compiling"
+    )
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """Apply ``fn`` to every tensor inside tuples, lists, dicts and named tuples; keep the rest."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(fn, v) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(fn, v) for k, v in value.items()}
+    return value
+
+
+def _flatten_tensors(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _map_tensors(found.append, value)
+    return found
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _flatten_tensors(value))
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.layout != torch.strided or b.layout != torch.strided:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
