@@ -6,6 +6,7 @@ This module only re-exports the public API; every name lives in the module named
 from hookscope import viz
 from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import SelectionError, select
 from hookscope.train.callback import Callback, CallbackOrderError
 from hookscope.train.events import (
@@ -33,10 +34,12 @@ __all__ = [
     "Capture",
     "CaptureLimitError",
     "HookSet",
+    "NonFiniteReport",
     "Record",
     "SelectionError",
     "__version__",
     "capture",
+    "find_nonfinite",
     "select",
     "viz",
 ]
