@@ -3,12 +3,13 @@
 This module only re-exports the public API; every name lives in the module named for what it is.
 """
 
-from hookscope import viz
+from hookscope import metrics, viz
 from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import SelectionError, select
 from hookscope.train.callback import Callback, CallbackOrderError
+from hookscope.train.data import DataLoaders
 from hookscope.train.events import (
     CancelBackwardException,
     CancelBatchException,
@@ -18,6 +19,7 @@ from hookscope.train.events import (
     CancelTrainException,
     CancelValidException,
 )
+from hookscope.train.learner import Learner
 
 __version__ = "0.1.0"
 
@@ -33,13 +35,16 @@ __all__ = [
     "CancelValidException",
     "Capture",
     "CaptureLimitError",
+    "DataLoaders",
     "HookSet",
+    "Learner",
     "NonFiniteReport",
     "Record",
     "SelectionError",
     "__version__",
     "capture",
     "find_nonfinite",
+    "metrics",
     "select",
     "viz",
 ]

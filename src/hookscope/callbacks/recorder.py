@@ -1,0 +1,206 @@
+"""Recorder: per-epoch losses and metrics, per-step losses and learning rates — without a host sync per step.
+
+Each step only keeps a reference to the (device) loss tensor and the batch size. The epoch's weighted means
+and the metrics are reduced on the device and read back in one transfer at the end of the epoch; the
+smoothed loss is computed when someone asks for it (the progress bar, at a bounded rate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from hookscope.metrics import is_stateful, metric_name
+from hookscope.train.callback import Callback
+
+_CHUNK = 1024  # per-step losses are stacked into one tensor every _CHUNK steps to keep few objects alive
+
+
+class Recorder(Callback):
+    """Keeps ``history`` (one dict per epoch), ``losses`` / ``lrs`` per training step, and ``smooth_loss``.
+
+    A history row is ``{"epoch", "train_loss", "valid_loss", <metric name>..., "time"}``; a value that was
+    not measured (no validation data, a cancelled phase) is ``nan``. The Recorder runs first at every
+    event (``order=-20``) so other callbacks' ``after_epoch`` see the current epoch's row.
+    """
+
+    order = -20
+
+    def __init__(self, beta: float = 0.98) -> None:
+        self.beta = beta
+        self._reset()
+        self._keep_on_next_fit = False
+
+    # ---- reading -------------------------------------------------------------------------------------
+
+    @property
+    def losses(self) -> list[float]:
+        """The loss of every training step so far (one transfer per call)."""
+        return self._step_losses().tolist()
+
+    @property
+    def lrs(self) -> list[float]:
+        """The learning rate of the first parameter group at every training step."""
+        return [float(lr) for lr in self._lrs]
+
+    @property
+    def smooth_loss(self) -> float:
+        """Exponential moving average of the training loss (debiased), ``nan`` before the first step."""
+        self._fold_smoothing()
+        if self._ema_count == 0:
+            return math.nan
+        return float(self._ema) / (1 - self.beta**self._ema_count)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """History keys of the learner's metrics, in order."""
+        return [metric_name(m) for m in self.learn.metrics]
+
+    def valid_results(self) -> dict[str, float]:
+        """Loss and metrics of the most recent validation pass, read in one transfer."""
+        names = list(self._valid)
+        values = torch.stack([self._valid[n] for n in names]).tolist() if names else []
+        return dict(zip(names, values, strict=True))
+
+    # ---- events --------------------------------------------------------------------------------------
+
+    def before_fit(self) -> None:
+        if len(set(self.metric_names)) != len(self.metric_names):
+            raise ValueError(
+                f"Recorder: metric names {self.metric_names} are not unique; give each metric a distinct "
+                "`name` attribute or function name"
+            )
+        for metric in self.learn.metrics:
+            if is_stateful(metric) and hasattr(metric, "to"):
+                metric.to(self.learn.device)
+        if not self._keep_on_next_fit:
+            self._reset()
+        self._keep_on_next_fit = False
+
+    def before_epoch(self) -> None:
+        self._epoch_start = time.perf_counter()
+        self._train_loss = torch.tensor(math.nan)
+        self._valid = self._unmeasured_valid()
+
+    def before_train(self) -> None:
+        self._phase_losses, self._phase_sizes = [], []
+
+    def before_validate(self) -> None:
+        self._phase_losses, self._phase_sizes = [], []
+        self._metric_values: list[list[torch.Tensor]] = [[] for _ in self.learn.metrics]
+        for metric in self.learn.metrics:
+            if is_stateful(metric):
+                metric.reset()
+
+    def after_batch(self) -> None:
+        learn = self.learn
+        loss = learn.loss
+        if loss is None:
+            return
+        if loss.ndim:
+            loss = loss.mean()
+        size = len(learn.yb[0]) if learn.yb else len(learn.xb[0])
+        self._phase_losses.append(loss)
+        self._phase_sizes.append(size)
+        if learn.training:
+            self._record_step(loss, learn.opt.param_groups[0]["lr"])
+        else:
+            self._measure_metrics(learn.pred, learn.yb)
+
+    def after_train(self) -> None:
+        self._train_loss = self._weighted_mean(self._phase_losses, self._phase_sizes)
+
+    def after_validate(self) -> None:
+        valid = {"valid_loss": self._weighted_mean(self._phase_losses, self._phase_sizes)}
+        for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
+            valid[metric_name(metric)] = self._metric_result(metric, values)
+        self._valid = valid
+
+    def after_epoch(self) -> None:
+        names = ["train_loss", *self._valid]
+        device = self._valid["valid_loss"].device
+        tensors = [self._train_loss, *self._valid.values()]
+        values = torch.stack([t.to(device) for t in tensors]).tolist()
+        row: dict[str, Any] = {"epoch": self.learn.epoch, **dict(zip(names, values, strict=True))}
+        row["time"] = time.perf_counter() - self._epoch_start
+        self.history.append(row)
+
+    # ---- checkpoint state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [dict(row) for row in self.history], "losses": self.losses, "lrs": self.lrs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the records; the next ``fit`` continues them instead of starting afresh (resume)."""
+        self._reset()
+        self.history = [dict(row) for row in state["history"]]
+        self._chunks = [torch.tensor(state["losses"], dtype=torch.float32)]
+        self._lrs = list(state["lrs"])
+        self._keep_on_next_fit = True
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self._chunks: list[torch.Tensor] = []
+        self._pending: list[torch.Tensor] = []
+        self._unsmoothed: list[torch.Tensor] = []
+        self._lrs: list[Any] = []
+        self._ema = torch.zeros(())
+        self._ema_count = 0
+        self._phase_losses: list[torch.Tensor] = []
+        self._phase_sizes: list[int] = []
+        self._valid: dict[str, torch.Tensor] = {}
+
+    def _record_step(self, loss: torch.Tensor, lr: Any) -> None:
+        self._pending.append(loss)
+        self._unsmoothed.append(loss)
+        self._lrs.append(lr)
+        if len(self._pending) >= _CHUNK:
+            self._chunks.append(torch.stack(self._pending).float().detach())
+            self._pending = []
+        if len(self._unsmoothed) >= _CHUNK:
+            self._fold_smoothing()
+
+    def _fold_smoothing(self) -> None:
+        """Fold the losses not yet averaged into the moving average, on their device (no sync)."""
+        if not self._unsmoothed:
+            return
+        new = torch.stack(self._unsmoothed).float()
+        powers = torch.arange(len(new) - 1, -1, -1, device=new.device, dtype=torch.float32)
+        weighted = ((1 - self.beta) * self.beta**powers * new).sum()
+        self._ema = self._ema.to(new.device) * self.beta ** len(new) + weighted
+        self._ema_count += len(new)
+        self._unsmoothed = []
+
+    def _step_losses(self) -> torch.Tensor:
+        parts = [c.cpu() for c in self._chunks]
+        if self._pending:
+            parts.append(torch.stack(self._pending).float().cpu())
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def _measure_metrics(self, pred: torch.Tensor, yb: tuple) -> None:
+        for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
+            if is_stateful(metric):
+                metric.update(pred, *yb)
+            else:
+                values.append(torch.as_tensor(metric(pred, *yb), device=pred.device).reshape(()))
+
+    def _metric_result(self, metric: Any, values: list[torch.Tensor]) -> torch.Tensor:
+        if is_stateful(metric):
+            return torch.as_tensor(metric.compute()).float().reshape(())
+        return self._weighted_mean(values, self._phase_sizes)
+
+    def _weighted_mean(self, values: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+        if not values:
+            return torch.tensor(math.nan, device=self.learn.device)
+        stacked = torch.stack(values).float()
+        weights = torch.tensor(sizes, dtype=torch.float32, device=stacked.device)
+        return (stacked * weights).sum() / weights.sum()
+
+    def _unmeasured_valid(self) -> dict[str, torch.Tensor]:
+        nan = torch.tensor(math.nan, device=self.learn.device)
+        return {"valid_loss": nan, **{name: nan for name in self.metric_names}}

@@ -1,0 +1,108 @@
+"""The Learner's data: a train/valid pair of DataLoaders, and batching in-memory tensors without collating.
+
+A ``DataLoader`` over a ``TensorDataset`` indexes one sample at a time and stacks them again (``collate``),
+which costs as much as the forward pass of a small model. When the loader is that simple — a
+``TensorDataset``, the default collate, no workers, a sequential or random sampler — :class:`TensorBatches`
+moves the tensors to the device once and cuts each batch by indexing, giving the same batches in the same
+order and drawing the random generators exactly as iterating the ``DataLoader`` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+
+@dataclass
+class DataLoaders:
+    """The training loader and an optional validation loader.
+
+    ``in_memory=False`` turns off the :class:`TensorBatches` fast path (e.g. to time the plain loader).
+    """
+
+    train: DataLoader
+    valid: DataLoader | None = None
+    in_memory: bool = True
+
+    def __post_init__(self) -> None:
+        for role, loader in (("train", self.train), ("valid", self.valid)):
+            if loader is None and role == "valid":
+                continue
+            if not hasattr(loader, "__iter__") or not hasattr(loader, "__len__"):
+                raise TypeError(
+                    f"DataLoaders: {role} must be a DataLoader (iterable with a length), "
+                    f"got {type(loader).__name__}; wrap your data in torch.utils.data.DataLoader"
+                )
+
+
+def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
+    """Accept ``DataLoaders`` or a ``(train, valid)`` pair."""
+    if isinstance(dls, DataLoaders):
+        return dls
+    if isinstance(dls, tuple | list) and len(dls) in (1, 2):
+        return DataLoaders(*dls)
+    raise TypeError(
+        f"Learner: `dls` must be hs.DataLoaders(train, valid) or a (train, valid), not {type(dls).__name__}"
+    )
+
+
+def can_batch_in_memory(loader: Any) -> bool:
+    """True when iterating ``loader`` is equivalent to indexing its tensors (see the module docstring)."""
+    return (
+        isinstance(loader, DataLoader)
+        and type(loader.dataset) is TensorDataset
+        and loader.num_workers == 0
+        and loader.collate_fn is default_collate
+        and type(loader.batch_sampler) is BatchSampler
+        and type(loader.sampler) in (SequentialSampler, RandomSampler)
+    )
+
+
+class TensorBatches:
+    """Iterates a simple ``DataLoader`` over a ``TensorDataset`` by indexing tensors already on ``device``.
+
+    Yields tuples of tensors equal to the loader's batches, in the same order. Like the loader's iterator,
+    ``iter()`` draws the loader's base seed (from ``loader.generator`` or the global generator) and the
+    sampler draws its own randomness at the first batch.
+    """
+
+    def __init__(self, loader: DataLoader, device: torch.device) -> None:
+        self.loader = loader
+        self.tensors = tuple(t.to(device) for t in loader.dataset.tensors)
+        self.device = device
+        self._sequential = type(loader.sampler) is SequentialSampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        torch.empty((), dtype=torch.int64).random_(generator=self.loader.generator)
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        size, n = self.loader.batch_size, len(self.loader.sampler)
+        stop = n - n % size if self.loader.drop_last else n
+        if self._sequential:
+            for start in range(0, stop, size):
+                yield tuple(t[start : start + size] for t in self.tensors)
+            return
+        order = torch.tensor(list(self.loader.sampler), dtype=torch.int64).to(self.device)
+        for start in range(0, stop, size):
+            index = order[start : start + size]
+            yield tuple(t[index] for t in self.tensors)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of a batch to ``device`` asynchronously; tuples and lists come back as tuples."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return tuple(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -1,0 +1,335 @@
+"""The Learner: a training loop that fires fastai's events to callbacks, and nothing else.
+
+Everything beyond forward, loss, backward and step — recording, progress, schedules, clipping, precision,
+checkpoints, monitoring — is a callback. The loop below fires the events in the order of ``EVENTS``; a
+stage's cancel exception skips the rest of that stage (``after_cancel_<stage>`` then ``after_<stage>``
+fire); any other exception fires ``on_failure(exc)`` on every callback and propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.callbacks.progress import ProgressBar
+from hookscope.callbacks.recorder import Recorder
+from hookscope.train.callback import Callback, dispatch_table, sort_callbacks
+from hookscope.train.data import DataLoaders, TensorBatches, as_dataloaders, can_batch_in_memory, to_device
+from hookscope.train.events import (
+    CancelBackwardException,
+    CancelBatchException,
+    CancelEpochException,
+    CancelFitException,
+    CancelStepException,
+    CancelTrainException,
+    CancelValidException,
+)
+
+_CANCELS = (
+    CancelFitException,
+    CancelEpochException,
+    CancelTrainException,
+    CancelValidException,
+    CancelBatchException,
+    CancelBackwardException,
+    CancelStepException,
+)
+
+
+class Learner:
+    """Trains ``model`` on ``dls`` with ``loss_func``; callbacks see and change the loop state via ``learn``.
+
+    State a callback may read or write (fastai's names): ``model, dls, loss_func, opt_func, opt, lr,
+    metrics, cbs, n_epoch, epoch, dl, n_iter, iter, train_iter, pct_train, training, xb, yb, pred,
+    loss_grad, loss``, plus ``training_step`` (optimizer steps taken) and ``device``. ``xb`` and ``yb`` are
+    tuples: ``pred = model(*xb)``, ``loss_grad = loss_func(pred, *yb)``. A batch is split into
+    ``xb = batch[:-1]`` and ``yb = batch[-1:]`` (a lone tensor is an input with no target).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dls: DataLoaders | Sequence[Any],
+        loss_func: Callable[..., torch.Tensor],
+        opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
+        lr: float = 1e-3,
+        metrics: Iterable[Any] = (),
+        cbs: Iterable[Callback] = (),
+        device: torch.device | str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.model = model.to(self.device)
+        self.dls = as_dataloaders(dls)
+        self.loss_func, self.opt_func, self.lr = loss_func, opt_func, lr
+        self.metrics = list(metrics)
+        self.opt: torch.optim.Optimizer | None = None
+        self.n_epoch, self.epoch, self.n_iter, self.iter, self.train_iter = 0, 0, 0, 0, 0
+        self.training_step, self.pct_train, self.training = 0, 0.0, False
+        self.dl: Any = None
+        self.xb: tuple = ()
+        self.yb: tuple = ()
+        self.pred: Any = None
+        self.loss_grad: torch.Tensor | None = None
+        self.loss: torch.Tensor | None = None
+        self.cbs: list[Callback] = []
+        self._fast_sources: dict[int, TensorBatches] = {}
+        cbs = list(cbs)
+        show_bar = sys.stdout.isatty() if progress is None else progress
+        defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
+        self.add_cbs([d for d in defaults if not any(type(cb) is type(d) for cb in cbs)] + cbs)
+        for cb in sort_callbacks(self.cbs):
+            if hasattr(cb, "after_create"):
+                cb.after_create()
+
+    # ---- callbacks -----------------------------------------------------------------------------------
+
+    def add_cb(self, cb: Callback) -> None:
+        """Attach ``cb``: it gets ``cb.learn`` and is reachable as ``learn.<cb.name>``."""
+        existing = getattr(self, cb.name, None)
+        if existing is not None:
+            kind = "callback" if isinstance(existing, Callback) else "Learner attribute"
+            raise ValueError(
+                f"Learner.add_cb: the name {cb.name!r} of {type(cb).__name__} is taken by a {kind}; "
+                "remove that callback first, or subclass with another name"
+            )
+        cb.learn = self
+        setattr(self, cb.name, cb)
+        self.cbs.append(cb)
+
+    def add_cbs(self, cbs: Iterable[Callback]) -> None:
+        for cb in cbs:
+            self.add_cb(cb)
+
+    def remove_cb(self, cb: Callback) -> None:
+        """Detach ``cb`` (the attribute ``learn.<cb.name>`` goes with it)."""
+        self.cbs.remove(cb)
+        if getattr(self, cb.name, None) is cb:
+            delattr(self, cb.name)
+
+    def show_training_loop(self) -> None:
+        """Print the event sequence of one fit and the callbacks (in order) that run at each event."""
+        train, valid = self._resolve()
+        print(format_training_loop(train, valid))
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def create_opt(self) -> None:
+        self.opt = self.opt_func(self.model.parameters(), lr=self.lr)
+
+    def fit(self, n_epoch: int, lr: float | None = None, cbs: Iterable[Callback] | None = None) -> None:
+        """Train for ``n_epoch`` epochs; ``cbs`` are attached for this call only (removed also on error)."""
+        added = list(cbs or ())
+        self.add_cbs(added)
+        try:
+            if lr is not None:
+                self._set_lr(lr)
+            if self.opt is None:
+                self.create_opt()
+            self.n_epoch, self.train_iter, self.pct_train = n_epoch, 0, 0.0
+            self._run(self._do_fit, "fit", CancelFitException)
+        finally:
+            for cb in added:
+                self.remove_cb(cb)
+
+    def _do_fit(self) -> None:
+        for epoch in range(self.n_epoch):
+            self.epoch = epoch
+            self._with_events(self._do_epoch, "epoch", CancelEpochException)
+
+    def _do_epoch(self) -> None:
+        self._phase(self.dls.train, training=True)
+        if self.dls.valid is not None:
+            self._phase(self.dls.valid, training=False)
+
+    def _phase(self, dl: Any, training: bool) -> None:
+        self.dl, self.n_iter, self.training = dl, len(dl), training
+        self.model.train(training)
+        self._events = self._train_events if training else self._valid_events
+        if training:
+            self._with_events(self._all_batches, "train", CancelTrainException)
+            return
+        with torch.no_grad():
+            self._with_events(self._all_batches, "validate", CancelValidException)
+
+    def _all_batches(self) -> None:
+        for i, batch in enumerate(self._batches(self.dl)):
+            self.iter = i
+            self.xb, self.yb = split_batch(batch)
+            self.pred = self.loss_grad = self.loss = None
+            if not self.training:
+                self._with_events(self._do_batch, "batch", CancelBatchException)
+                continue
+            self.pct_train = (self.epoch + self.iter / self.n_iter) / self.n_epoch
+            self._with_events(self._do_batch, "batch", CancelBatchException)
+            self.train_iter += 1
+
+    def _do_batch(self) -> None:
+        self.pred = self.model(*self.xb)
+        self._fire("after_pred")
+        if not self.yb:
+            return
+        self.loss_grad = self.loss_func(self.pred, *self.yb)
+        self.loss = self.loss_grad.detach()
+        self._fire("after_loss")
+        if not self.training:
+            return
+        self._with_events(self._backward, "backward", CancelBackwardException)
+        self._with_events(self._step, "step", CancelStepException)
+        self.opt.zero_grad()
+
+    def _backward(self) -> None:
+        self.loss_grad.backward()
+
+    def _step(self) -> None:
+        self.opt.step()
+        self.training_step += 1
+
+    # ---- evaluation ----------------------------------------------------------------------------------
+
+    def validate(self, dl: Any = None) -> dict[str, float]:
+        """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics."""
+        dl = self.dls.valid if dl is None else dl
+        if dl is None:
+            raise ValueError(
+                "Learner.validate: no validation data; pass validate(dl) or valid to DataLoaders"
+            )
+        self._run(lambda: self._phase(dl, training=False), None, None)
+        return self.recorder.valid_results()
+
+    def get_preds(self, dl: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Predictions and targets over ``dl`` (default: valid loader), in eval mode, without callbacks."""
+        dl = self.dls.valid if dl is None else dl
+        preds, targets = [], []
+        with self._evaluating():
+            for batch in self._batches(dl):
+                xb, yb = split_batch(batch)
+                preds.append(self.model(*xb))
+                targets.extend(yb)
+        return torch.cat(preds), torch.cat(targets) if targets else None
+
+    def predict(self, x: torch.Tensor | tuple) -> Any:
+        """The model's output for a batch ``x`` (or a tuple of inputs), in eval mode and without grad."""
+        inputs = to_device(x if isinstance(x, tuple) else (x,), self.device)
+        with self._evaluating():
+            return self.model(*inputs)
+
+    # ---- machinery -----------------------------------------------------------------------------------
+
+    def _run(self, body: Callable[[], None], stage: str | None, cancel: type[Exception] | None) -> None:
+        """Resolve the dispatch tables, run ``body`` (as a cancellable stage), and report failures."""
+        self._train_events, self._valid_events = self._resolve()
+        self._events = self._train_events
+        try:
+            if stage is None:
+                body()
+            else:
+                self._with_events(body, stage, cancel)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self.training = False
+
+    def _with_events(self, body: Callable[[], None], stage: str, cancel: type[Exception]) -> None:
+        try:
+            self._fire(f"before_{stage}")
+            body()
+        except cancel:
+            self._fire(f"after_cancel_{stage}")
+        self._fire(f"after_{stage}")
+
+    def _fire(self, event: str) -> None:
+        for method in self._events[event]:
+            method()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fire ``on_failure(exc)`` on every callback; a failing handler is reported, never masks ``exc``."""
+        for method in self._events["on_failure"]:
+            try:
+                method(exc)
+            except Exception as handler_error:
+                warnings.warn(
+                    f"{method.__qualname__} raised {handler_error!r} while handling {exc!r}", stacklevel=2
+                )
+
+    def _resolve(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        ordered = sort_callbacks(self.cbs)
+        return dispatch_table(ordered, training=True), dispatch_table(ordered, training=False)
+
+    def _batches(self, dl: Any) -> Iterable[tuple]:
+        """Batches of ``dl`` on the device: by indexing in-memory tensors when equivalent, else by loading."""
+        if self.dls.in_memory and can_batch_in_memory(dl):
+            if id(dl) not in self._fast_sources:
+                self._fast_sources[id(dl)] = TensorBatches(dl, self.device)
+            return self._fast_sources[id(dl)]
+        return (to_device(b if isinstance(b, tuple | list) else (b,), self.device) for b in dl)
+
+    def _set_lr(self, lr: float) -> None:
+        self.lr = lr
+        for group in self.opt.param_groups if self.opt is not None else ():
+            group["lr"] = lr
+
+    def _evaluating(self) -> _Evaluating:
+        return _Evaluating(self.model)
+
+
+class _Evaluating:
+    """Eval mode and no grad for a block; the model's previous mode comes back afterwards."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.was_training = model, model.training
+        self.no_grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.model.eval()
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.no_grad.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def split_batch(batch: tuple) -> tuple[tuple, tuple]:
+    """``(inputs, targets)``: the last item is the target; a one-item batch is an input without target."""
+    if len(batch) == 1:
+        return batch, ()
+    return batch[:-1], batch[-1:]
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+_LAYOUT = (
+    (0, "after_create"),
+    (0, "before_fit"),
+    (1, "before_epoch"),
+    (2, "before_train"),
+    *((3, e) for e in ("before_batch", "after_pred", "after_loss", "before_backward", "after_backward")),
+    *((3, e) for e in ("before_step", "after_step", "after_batch")),
+    (2, "after_train"),
+    (2, "before_validate"),
+    *((3, e) for e in ("before_batch", "after_pred", "after_loss", "after_batch")),
+    (2, "after_validate"),
+    (1, "after_epoch"),
+    (0, "after_fit"),
+    (0, "on_failure"),
+)
+
+
+def format_training_loop(train: dict[str, list[Any]], valid: dict[str, list[Any]]) -> str:
+    """One line per event of a fit, indented by nesting, with the callbacks that run there."""
+    lines, in_valid = [], False
+    for depth, event in _LAYOUT:
+        in_valid = (in_valid or event == "before_validate") and event != "after_validate"
+        methods = (valid if in_valid else train)[event]
+        names = ", ".join(type(m.__self__).__name__ for m in methods) or "-"
+        lines.append(f"{'  ' * depth}{event:<{22 - 2 * depth}} {names}")
+    return "\n".join(lines)
