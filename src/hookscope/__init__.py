@@ -8,6 +8,7 @@ from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import SelectionError, select
+from hookscope.hooks.summary import Summary, SummaryRow, summary
 from hookscope.train.callback import Callback, CallbackOrderError
 from hookscope.train.data import DataLoaders
 from hookscope.train.events import (
@@ -41,10 +42,13 @@ __all__ = [
     "NonFiniteReport",
     "Record",
     "SelectionError",
+    "Summary",
+    "SummaryRow",
     "__version__",
     "capture",
     "find_nonfinite",
     "metrics",
     "select",
+    "summary",
     "viz",
 ]
