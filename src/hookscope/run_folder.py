@@ -31,7 +31,11 @@ PARTIAL_SUFFIX = ".partial"
 
 
 class RunFolderError(Exception):
-    """The run folder cannot be created, resumed or finished; the message names the path and the fix."""
+    """The run folder given is not usable (exists with other files, not a run); the message says why."""
+
+
+class RunFolderWriteError(RunFolderError):
+    """The file system refused to create or copy the run folder (permissions, a file in the way)."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -99,7 +103,7 @@ class RunFolder:
             partial.mkdir(parents=True)
             _check_writable(partial)
         except OSError as err:
-            raise RunFolderError(
+            raise RunFolderWriteError(
                 f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
             ) from None
         return cls(final, partial)
@@ -126,7 +130,7 @@ class RunFolder:
                 shutil.rmtree(partial)
             shutil.copytree(given, partial)
         except OSError as err:
-            raise RunFolderError(
+            raise RunFolderWriteError(
                 f"cannot copy {given} to {partial} to resume ({err.strerror or err}); check permissions"
             ) from None
         return cls(given, partial)
