@@ -1,6 +1,41 @@
 """Built-in callbacks, one file per family."""
 
+from hookscope.callbacks.accumulate import GradientAccumulation
+from hookscope.callbacks.clip import GradientClip, GradientClipValue
+from hookscope.callbacks.early_stopping import EarlyStopping
+from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
+from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.progress import ProgressBar
 from hookscope.callbacks.recorder import Recorder
+from hookscope.callbacks.schedule import (
+    CosineAnnealing,
+    LRScheduler,
+    OneCycle,
+    ParamScheduler,
+    combine_scheds,
+    sched_const,
+    sched_cos,
+    sched_exp,
+    sched_lin,
+)
 
-__all__ = ["ProgressBar", "Recorder"]
+__all__ = [
+    "CosineAnnealing",
+    "EarlyStopping",
+    "GradientAccumulation",
+    "GradientClip",
+    "GradientClipValue",
+    "LRFindResult",
+    "LRFinder",
+    "LRScheduler",
+    "MixedPrecision",
+    "OneCycle",
+    "ParamScheduler",
+    "ProgressBar",
+    "Recorder",
+    "combine_scheds",
+    "sched_const",
+    "sched_cos",
+    "sched_exp",
+    "sched_lin",
+]

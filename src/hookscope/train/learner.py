@@ -11,13 +11,17 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from hookscope.callbacks.lr_finder import LRFindResult, find_lr
 from hookscope.callbacks.progress import ProgressBar
 from hookscope.callbacks.recorder import Recorder
+from hookscope.callbacks.schedule import OneCycle
+from hookscope.train import checkpoint
 from hookscope.train.callback import Callback, dispatch_table, sort_callbacks
 from hookscope.train.data import DataLoaders, TensorBatches, as_dataloaders, can_batch_in_memory, to_device
 from hookscope.train.events import (
@@ -79,6 +83,8 @@ class Learner:
         self.loss: torch.Tensor | None = None
         self.cbs: list[Callback] = []
         self._fast_sources: dict[int, TensorBatches] = {}
+        self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
+        self._resume: checkpoint.Resume | None = None
         cbs = list(cbs)
         show_bar = sys.stdout.isatty() if progress is None else progress
         defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
@@ -122,8 +128,28 @@ class Learner:
     def create_opt(self) -> None:
         self.opt = self.opt_func(self.model.parameters(), lr=self.lr)
 
-    def fit(self, n_epoch: int, lr: float | None = None, cbs: Iterable[Callback] | None = None) -> None:
-        """Train for ``n_epoch`` epochs; ``cbs`` are attached for this call only (removed also on error)."""
+    def save(self, path: str | Path) -> Path:
+        """Write the full state (model, optimizer, callbacks, RNGs, loop position) to ``path`` atomically;
+        the file loads with ``torch.load(weights_only=True)`` (see ``train/checkpoint.py``)."""
+        return checkpoint.save_learner(self, path)
+
+    def load(self, path: str | Path) -> None:
+        """Load model, optimizer and callback states saved by :meth:`save` (refusing pickled objects);
+        ``fit(n, resume=path)`` continues the saved run instead of starting at epoch 0."""
+        checkpoint.load_learner(self, path)
+
+    def fit(
+        self,
+        n_epoch: int,
+        lr: float | None = None,
+        cbs: Iterable[Callback] | None = None,
+        resume: str | Path | None = None,
+    ) -> None:
+        """Train for ``n_epoch`` epochs; ``cbs`` are attached for this call only (removed also on error).
+
+        ``resume`` (a checkpoint file, a folder holding ``last.pt``, or ``"last"`` for the Checkpoint
+        callback's newest) continues a saved run at the batch where it stopped.
+        """
         added = list(cbs or ())
         self.add_cbs(added)
         try:
@@ -132,13 +158,39 @@ class Learner:
             if self.opt is None:
                 self.create_opt()
             self.n_epoch, self.train_iter, self.pct_train = n_epoch, 0, 0.0
+            self._resume = checkpoint.Resume.start(self, resume) if resume is not None else None
             self._run(self._do_fit, "fit", CancelFitException)
         finally:
+            self._resume = None
             for cb in added:
                 self.remove_cb(cb)
 
+    def fit_one_cycle(
+        self,
+        n_epoch: int,
+        lr_max: float | None = None,
+        cbs: Iterable[Callback] | None = None,
+        **one_cycle: Any,
+    ) -> None:
+        """``fit`` under the 1cycle policy (``hs.callbacks.OneCycle(lr_max, **one_cycle)``, whose parameters
+        and defaults are those of ``torch.optim.lr_scheduler.OneCycleLR``); ``lr_max=None`` uses ``lr``."""
+        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *(cbs or ())])
+
+    def lr_find(
+        self,
+        start_lr: float = 1e-7,
+        end_lr: float = 10.0,
+        num_it: int = 100,
+        stop_div: bool = True,
+        show_plot: bool = False,
+    ) -> LRFindResult:
+        """Sweep the lr exponentially and return the losses and a suggested lr (``.suggested_lr``,
+        ``.plot()``); the weights and optimizer state are restored afterwards."""
+        return find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
+
     def _do_fit(self) -> None:
-        for epoch in range(self.n_epoch):
+        start = self._resume.after_before_fit(self) if self._resume else 0
+        for epoch in range(start, self.n_epoch):
             self.epoch = epoch
             self._with_events(self._do_epoch, "epoch", CancelEpochException)
 
@@ -158,7 +210,11 @@ class Learner:
             self._with_events(self._all_batches, "validate", CancelValidException)
 
     def _all_batches(self) -> None:
-        for i, batch in enumerate(self._batches(self.dl)):
+        if self.training:
+            start, batches = checkpoint.train_batches(self, self._resume, self._batches)
+        else:
+            start, batches = 0, self._batches(self.dl)
+        for i, batch in enumerate(batches, start):
             self.iter = i
             self.xb, self.yb = split_batch(batch)
             self.pred = self.loss_grad = self.loss = None

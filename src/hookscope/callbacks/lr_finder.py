@@ -1,0 +1,236 @@
+"""The learning-rate finder: train briefly while the lr grows exponentially, and watch the loss.
+
+``find_lr`` (``learn.lr_find()``) runs the sweep through the normal loop — mixed precision, clipping
+and accumulation apply as in ``fit`` — with the callbacks that schedule or stop a real run
+(``ParamScheduler`` and its subclasses, ``LRScheduler``, ``EarlyStopping``) detached, and puts the
+model weights, the optimizer state, ``learn.training_step`` and the torch random state back afterwards.
+
+Suggested learning rate (``LRFindResult.suggested_lr``), fastai's "valley" rule: on the smoothed loss
+(first 10% and last 5 points trimmed), find the longest stretch over which the loss keeps decreasing
+and take the lr halfway down it — far enough from the minimum to be stable, where the loss still falls
+fast. ``suggestions`` also holds ``"steepest"`` (the lr where the smoothed loss falls fastest against
+log-lr) and ``"minimum"`` (the lr of the lowest smoothed loss, divided by 10).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from hookscope.callbacks.early_stopping import EarlyStopping
+from hookscope.callbacks.schedule import LRScheduler, ParamScheduler, sched_exp
+from hookscope.train.callback import Callback
+from hookscope.train.events import CancelFitException, CancelValidException
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from hookscope.train.learner import Learner
+
+_DIVERGED = 4.0  # the sweep stops once the smoothed loss exceeds this multiple of its best value
+
+
+@dataclass
+class LRFindResult:
+    """The sweep: one lr, raw loss and smoothed loss per batch, and the suggested learning rates."""
+
+    lrs: list[float]
+    losses: list[float]
+    smoothed: list[float]
+    suggestions: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def suggested_lr(self) -> float:
+        """The "valley" suggestion (see the module docstring)."""
+        return self.suggestions["valley"]
+
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Smoothed loss against lr (log scale) with the suggestions marked; returns the Figure."""
+        # matplotlib is imported here so that importing hookscope stays fast.
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6, 4)) if ax is None else ax.figure
+        ax = fig.add_subplot() if ax is None else ax
+        ax.plot(self.lrs, self.smoothed, label="smoothed loss")
+        for (name, lr), marker in zip(self.suggestions.items(), "ovs", strict=False):
+            ax.plot([lr], [np.interp(math.log(lr), np.log(self.lrs), self.smoothed)], marker, label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("loss")
+        ax.legend()
+        return fig
+
+
+class LRFinder(Callback):
+    """Set the lr to ``start_lr * (end_lr / start_lr) ** (i / (num_it - 1))`` at training batch ``i``,
+    record each loss (read once per batch: the sweep needs it to stop), skip validation, and stop after
+    ``num_it`` batches or when the smoothed loss diverges (``stop_div``)."""
+
+    order = 60
+    run_after = (ParamScheduler, LRScheduler)
+
+    def __init__(
+        self,
+        start_lr: float = 1e-7,
+        end_lr: float = 10.0,
+        num_it: int = 100,
+        stop_div: bool = True,
+        beta: float = 0.98,
+    ) -> None:
+        if not 0 < start_lr < end_lr:
+            raise ValueError(
+                f"LRFinder: need 0 < start_lr < end_lr, got start_lr={start_lr}, end_lr={end_lr}"
+            )
+        if num_it < 2:
+            raise ValueError(f"LRFinder: num_it={num_it} must be >= 2")
+        self.schedule = sched_exp(start_lr, end_lr)
+        self.num_it = num_it
+        self.stop_div = stop_div
+        self.beta = beta
+        self._reset()
+
+    def before_fit(self) -> None:
+        self._reset()
+
+    def before_batch(self) -> None:
+        if not self.learn.training:
+            return
+        lr = self.schedule(self.learn.train_iter / (self.num_it - 1))
+        for group in self.learn.opt.param_groups:
+            group["lr"] = lr
+        self.lrs.append(lr)
+
+    def after_batch(self) -> None:
+        if not self.learn.training or self.learn.loss is None:
+            return
+        loss = float(self.learn.loss.float().mean())
+        self.losses.append(loss)
+        self._ema = self.beta * self._ema + (1 - self.beta) * loss
+        smooth = self._ema / (1 - self.beta ** len(self.losses))
+        self.smoothed.append(smooth)
+        self._best = min(self._best, smooth)
+        diverged = not math.isfinite(smooth) or smooth > _DIVERGED * self._best
+        if (self.stop_div and diverged) or len(self.losses) >= self.num_it:
+            raise CancelFitException()
+
+    def before_validate(self) -> None:
+        raise CancelValidException()
+
+    def result(self) -> LRFindResult:
+        """The recorded sweep with its suggestions."""
+        n = len(self.losses)
+        return LRFindResult(
+            lrs=self.lrs[:n],
+            losses=list(self.losses),
+            smoothed=list(self.smoothed),
+            suggestions=suggest_lrs(self.lrs[:n], self.smoothed),
+        )
+
+    def _reset(self) -> None:
+        self.lrs: list[float] = []
+        self.losses: list[float] = []
+        self.smoothed: list[float] = []
+        self._ema = 0.0
+        self._best = math.inf
+
+
+def suggest_lrs(lrs: list[float], smoothed: list[float]) -> dict[str, float]:
+    """``valley``, ``steepest`` and ``minimum`` suggestions from a sweep (rules in the module docstring)."""
+    lrs_arr, losses = _trimmed(np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float))
+    if len(losses) < 2:
+        raise ValueError(
+            f"lr_find: only {len(losses)} usable points in the sweep (the loss diverged at once); "
+            "lower start_lr or raise num_it"
+        )
+    slopes = np.gradient(losses, np.log(lrs_arr))
+    return {
+        "valley": float(lrs_arr[_valley_index(losses)]),
+        "steepest": float(lrs_arr[int(np.argmin(slopes))]),
+        "minimum": float(lrs_arr[int(np.argmin(losses))] / 10),
+    }
+
+
+def find_lr(
+    learn: Learner,
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    num_it: int = 100,
+    stop_div: bool = True,
+    show_plot: bool = False,
+) -> LRFindResult:
+    """Run an LR sweep on ``learn`` and return its result; the learner is left as it was before."""
+    if learn.opt is None:
+        learn.create_opt()
+    finder = LRFinder(start_lr, end_lr, num_it, stop_div)
+    snapshot = _Snapshot(learn)
+    detached = [cb for cb in learn.cbs if isinstance(cb, (ParamScheduler, LRScheduler, EarlyStopping))]
+    try:
+        for cb in detached:
+            learn.remove_cb(cb)
+        learn.fit(math.ceil(num_it / len(learn.dls.train)), cbs=[finder])
+    finally:
+        learn.add_cbs(detached)
+        learn.cbs.sort(key=snapshot.cb_order.index)
+        snapshot.restore(learn)
+    result = finder.result()
+    if show_plot:
+        _show(result)
+    return result
+
+
+class _Snapshot:
+    """What a sweep changes and must give back: weights, optimizer state, step count, random state."""
+
+    def __init__(self, learn: Learner) -> None:
+        self.cb_order = list(learn.cbs)
+        self.model = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
+        self.opt = copy.deepcopy(learn.opt.state_dict())
+        self.training_step = learn.training_step
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self, learn: Learner) -> None:
+        learn.model.load_state_dict(self.model)
+        learn.opt.load_state_dict(self.opt)
+        learn.training_step = self.training_step
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def _trimmed(lrs: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the first 10% (the average is still warming up), the last 5 points (the blow-up) and
+    everything from the first non-finite loss on."""
+    bad = np.flatnonzero(~np.isfinite(losses))
+    stop = bad[0] if len(bad) else len(losses)
+    start = len(losses) // 10
+    end = stop - 5 if stop - 5 - start >= 2 else stop
+    return lrs[start:end], losses[start:end]
+
+
+def _valley_index(losses: np.ndarray) -> int:
+    """Index halfway down the longest decreasing run (longest decreasing subsequence ending anywhere)."""
+    n = len(losses)
+    run = [1] * n
+    for i in range(1, n):
+        for j in range(i):
+            if losses[i] < losses[j]:
+                run[i] = max(run[i], run[j] + 1)
+    end = int(np.argmax(run))
+    start = end - run[end] + 1
+    return start + (end - start) // 2
+
+
+def _show(result: LRFindResult) -> None:
+    # pyplot (and its GUI backend) only when the user asked to see the plot.
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=(6, 4))
+    result.plot(ax)
+    plt.show()
