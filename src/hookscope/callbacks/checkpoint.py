@@ -1,0 +1,174 @@
+"""Checkpoint: save the full training state during ``fit`` so a run that dies loses (almost) nothing.
+
+Files in ``dir``: ``ckpt-<training step>.pt`` (the newest ``keep_last`` are kept), ``last.pt`` (always the
+newest complete checkpoint) and ``best.pt`` (the best epoch by ``monitor``). ``last.pt`` and ``best.pt``
+are hard links, so they cost no extra disk and survive the rotation of the numbered files. Resume with
+``learn.fit(n_epoch, resume="last")`` (or a path).
+
+Ctrl-C during ``fit`` does not kill the step half-way: the first press asks for a stop, the current
+training batch finishes, a checkpoint is written, the resume command is printed and ``KeyboardInterrupt``
+is raised (exit code non-zero). A second press stops at once without saving.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from hookscope.train.callback import Callback
+from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
+
+
+class Checkpoint(Callback):
+    """Save every ``every_n_steps`` optimizer steps and/or at every epoch's end; keep the last ``keep_last``
+    and, when ``monitor`` names a history key (``"valid_loss"``, ``"accuracy"``), the best as ``best.pt``.
+
+    Runs late (``order=90``), after the Recorder and the schedulers, so a checkpoint holds this batch's
+    records. ``sigint=False`` leaves Ctrl-C alone.
+    """
+
+    order = 90
+    run_valid = False
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] = "checkpoints",
+        every_n_steps: int | None = None,
+        every_epoch: bool = True,
+        keep_last: int = 1,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        sigint: bool = True,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"Checkpoint: every_n_steps={every_n_steps}; pass a positive int or None")
+        if keep_last < 1:
+            raise ValueError(f"Checkpoint: keep_last={keep_last}; keep at least 1 checkpoint")
+        if mode not in ("min", "max"):
+            raise ValueError(f"Checkpoint: mode={mode!r}; use 'min' (losses) or 'max' (accuracies)")
+        self.dir = Path(dir)
+        self.every_n_steps = every_n_steps
+        self.every_epoch = every_epoch
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.mode = mode
+        self.sigint = sigint
+        self.best: float | None = None
+        self._last_saved_step = -1
+        self._interrupted = False
+        self._previous_handler: Any = None
+
+    @staticmethod
+    def latest(path: str | os.PathLike[str]) -> Path:
+        """The newest checkpoint under ``path``: ``path/last.pt`` or ``path/checkpoints/last.pt`` (or
+        ``path`` itself when it is a file): what ``fit(resume=...)`` and ``hookscope train --resume`` read."""
+        return find_latest(path)
+
+    # ---- events --------------------------------------------------------------------------------------
+
+    def before_fit(self) -> None:
+        self._interrupted = False
+        self._last_saved_step = self.learn.training_step
+        if self.sigint and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def after_batch(self) -> None:
+        learn = self.learn
+        step = learn.training_step
+        step_due = self.every_n_steps is not None and step % self.every_n_steps == 0
+        if not self._interrupted and not (step_due and step != self._last_saved_step):
+            return
+        path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter + 1, step))
+        self._stop_if_interrupted(path)
+
+    def after_epoch(self) -> None:
+        learn = self.learn
+        improved = self._improved()
+        if not (self.every_epoch or improved or self._interrupted):
+            return
+        path = self._save(Position(learn.epoch + 1, 0, learn.train_iter, learn.training_step))
+        if improved:
+            link_atomic(path, self.dir / "best.pt")
+        self._stop_if_interrupted(path)
+
+    def after_fit(self) -> None:
+        self._restore_handler()
+
+    def on_failure(self, exc: BaseException) -> None:
+        self._restore_handler()
+        if self._interrupted and isinstance(exc, KeyboardInterrupt):
+            return  # our own stop: the hint is already printed
+        last = self.dir / "last.pt"
+        if last.is_file():
+            print(
+                f"hookscope: training stopped by {type(exc).__name__}; the newest complete checkpoint is "
+                f"{last} — resume with learn.fit({self.learn.n_epoch}, resume={str(last)!r})",
+                file=sys.stderr,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best")
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _save(self, position: Position) -> Path:
+        """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``."""
+        path = save_learner(self.learn, self.dir / f"ckpt-{position.training_step:08d}.pt", position)
+        link_atomic(path, self.dir / "last.pt")
+        self._last_saved_step = position.training_step
+        for old in sorted(self.dir.glob("ckpt-*.pt"))[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def _improved(self) -> bool:
+        """Whether this epoch's ``monitor`` value beats the best so far (NaN never does); updates best."""
+        if self.monitor is None:
+            return False
+        row = self.learn.recorder.history[-1]
+        if self.monitor not in row:
+            raise KeyError(
+                f"Checkpoint: monitor={self.monitor!r} is not in learn.recorder.history "
+                f"(available: {', '.join(row)}); pass one of those"
+            )
+        value = float(row[self.monitor])
+        if math.isnan(value):
+            return False
+        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
+        if better:
+            self.best = value
+        return better
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self._interrupted:
+            raise KeyboardInterrupt("second Ctrl-C: stopped at once, without a checkpoint of this step")
+        self._interrupted = True
+        print(
+            "hookscope: Ctrl-C — finishing this step and saving a checkpoint (press Ctrl-C again to stop "
+            "at once without saving)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _stop_if_interrupted(self, path: Path) -> None:
+        if not self._interrupted:
+            return
+        learn = self.learn
+        message = (
+            f"interrupted at epoch {learn.epoch}, step {learn.training_step}; checkpoint saved to {path}. "
+            f"Resume with learn.fit({learn.n_epoch}, resume={str(self.dir / 'last.pt')!r})"
+        )
+        print(f"hookscope: {message}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt(message)
+
+    def _restore_handler(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
