@@ -47,7 +47,8 @@ def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
     if isinstance(dls, tuple | list) and len(dls) in (1, 2):
         return DataLoaders(*dls)
     raise TypeError(
-        f"Learner: `dls` must be hs.DataLoaders(train, valid) or a (train, valid), not {type(dls).__name__}"
+        "Learner: dls must be hs.DataLoaders(train, valid) or a (train, valid) pair, "
+        f"not {type(dls).__name__}"
     )
 
 

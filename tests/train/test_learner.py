@@ -1,0 +1,389 @@
+import copy
+import io
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+from hookscope.train.events import EVENTS
+
+
+def _record(event):
+    def method(self, *args):
+        self.seen.append(event)
+
+    return method
+
+
+class EventLog(hs.Callback):
+    """Records every event it receives, in order."""
+
+    def __init__(self):
+        self.seen = []
+
+    after_create = _record("after_create")
+    before_fit = _record("before_fit")
+    before_epoch = _record("before_epoch")
+    before_train = _record("before_train")
+    before_batch = _record("before_batch")
+    after_pred = _record("after_pred")
+    after_loss = _record("after_loss")
+    before_backward = _record("before_backward")
+    after_backward = _record("after_backward")
+    before_step = _record("before_step")
+    after_step = _record("after_step")
+    after_batch = _record("after_batch")
+    after_train = _record("after_train")
+    before_validate = _record("before_validate")
+    after_validate = _record("after_validate")
+    after_epoch = _record("after_epoch")
+    after_fit = _record("after_fit")
+    after_cancel_fit = _record("after_cancel_fit")
+    after_cancel_epoch = _record("after_cancel_epoch")
+    after_cancel_train = _record("after_cancel_train")
+    after_cancel_validate = _record("after_cancel_validate")
+    after_cancel_batch = _record("after_cancel_batch")
+    after_cancel_backward = _record("after_cancel_backward")
+    after_cancel_step = _record("after_cancel_step")
+    on_failure = _record("on_failure")
+
+
+class RaiseAt(hs.Callback):
+    """Raises ``exc`` at the first occurrence of ``event``."""
+
+    def __init__(self, event, exc):
+        self.event, self.exc, self.raised = event, exc, False
+        setattr(self, event, self._maybe_raise)
+
+    def _maybe_raise(self):
+        if not self.raised:
+            self.raised = True
+            raise self.exc
+
+
+def _data(n_train=8, n_valid=4, batch_size=4, shuffle=False):
+    g = torch.Generator().manual_seed(0)
+    x, y = (
+        torch.randn(n_train + n_valid, 3, generator=g),
+        torch.randint(0, 2, (n_train + n_valid,), generator=g),
+    )
+    train = DataLoader(TensorDataset(x[:n_train], y[:n_train]), batch_size=batch_size, shuffle=shuffle)
+    valid = DataLoader(TensorDataset(x[n_train:], y[n_train:]), batch_size=batch_size)
+    return train, valid
+
+
+def _learner(cbs=(), **kwargs):
+    torch.manual_seed(0)
+    return hs.Learner(nn.Linear(3, 2), _data(), nn.CrossEntropyLoss(), cbs=cbs, progress=False, **kwargs)
+
+
+TRAIN_BATCH = [
+    "before_batch",
+    "after_pred",
+    "after_loss",
+    "before_backward",
+    "after_backward",
+    "before_step",
+    "after_step",
+    "after_batch",
+]
+VALID_BATCH = ["before_batch", "after_pred", "after_loss", "after_batch"]
+EPOCH = [
+    "before_epoch",
+    "before_train",
+    *TRAIN_BATCH * 2,
+    "after_train",
+    "before_validate",
+    *VALID_BATCH,
+    "after_validate",
+    "after_epoch",
+]
+
+
+def test_two_epoch_fit_fires_the_documented_event_sequence():
+    log = EventLog()
+    learn = _learner(cbs=[log])
+    learn.fit(2)
+    assert log.seen == ["after_create", "before_fit", *EPOCH * 2, "after_fit"]
+    assert set(log.seen) <= set(EVENTS)
+
+
+VALIDATION = ["before_validate", *VALID_BATCH, "after_validate", "after_epoch", "after_fit"]
+START = ["before_epoch", "before_train"]
+SECOND_BATCH = [*TRAIN_BATCH, "after_train", *VALIDATION]
+
+
+@pytest.mark.parametrize(
+    ("event", "exc", "expected"),
+    [
+        (
+            "before_batch",
+            hs.CancelBatchException,
+            [
+                *START,
+                "before_batch",
+                "after_cancel_batch",
+                "after_batch",
+                *TRAIN_BATCH,
+                "after_train",
+                *VALIDATION,
+            ],
+        ),
+        (
+            "before_backward",
+            hs.CancelBackwardException,
+            [*START, *TRAIN_BATCH[:4], "after_cancel_backward", *TRAIN_BATCH[4:], *SECOND_BATCH],
+        ),
+        (
+            "before_step",
+            hs.CancelStepException,
+            [*START, *TRAIN_BATCH[:6], "after_cancel_step", *TRAIN_BATCH[6:], *SECOND_BATCH],
+        ),
+        ("before_train", hs.CancelTrainException, [*START, "after_cancel_train", "after_train", *VALIDATION]),
+        (
+            "after_pred",
+            hs.CancelEpochException,
+            [*START, "before_batch", "after_pred", "after_cancel_epoch", "after_epoch", "after_fit"],
+        ),
+        (
+            "after_loss",
+            hs.CancelFitException,
+            [*START, *TRAIN_BATCH[:3], "after_cancel_fit", "after_fit"],
+        ),
+    ],
+)
+def test_each_cancel_exception_fires_after_cancel_then_after(event, exc, expected):
+    log = EventLog()
+    learn = _learner(cbs=[log, RaiseAt(event, exc())])
+    learn.fit(1)
+    assert log.seen[:2] == ["after_create", "before_fit"]
+    assert log.seen[2:] == expected
+
+
+def test_cancel_validate_skips_the_validation_batches():
+    log = EventLog()
+    learn = _learner(cbs=[log, RaiseAt("before_validate", hs.CancelValidException())])
+    learn.fit(1)
+    tail = log.seen[log.seen.index("before_validate") :]
+    assert tail == ["before_validate", "after_cancel_validate", "after_validate", "after_epoch", "after_fit"]
+    assert learn.recorder.history[0]["valid_loss"] != learn.recorder.history[0]["valid_loss"]  # nan
+
+
+class SkipEveryStep(hs.Callback):
+    def before_step(self):
+        self.grads_before = [p.grad.clone() for p in self.learn.model.parameters()]
+        raise hs.CancelStepException()
+
+
+def test_cancel_step_skips_the_step_but_still_zeroes_the_gradients():
+    skip = SkipEveryStep()
+    learn = _learner(cbs=[skip])
+    before = copy.deepcopy(learn.model.state_dict())
+    learn.fit(1)
+    for name, value in learn.model.state_dict().items():
+        assert torch.equal(value, before[name])
+    assert all(g.abs().sum() > 0 for g in skip.grads_before)
+    assert all(p.grad is None for p in learn.model.parameters())
+    assert learn.training_step == 0
+
+
+class CancelBatchAfterBackward(hs.Callback):
+    def after_backward(self):
+        raise hs.CancelBatchException()
+
+
+def test_cancel_batch_after_backward_skips_step_and_zero_grad():
+    learn = _learner(cbs=[CancelBatchAfterBackward()])
+    learn.fit(1)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in learn.model.parameters())
+    assert learn.training_step == 0
+
+
+class FailingAssert(hs.Callback):
+    def after_loss(self):
+        assert self.learn.iter > 5, "deliberate"
+
+
+class HookedModel(hs.Callback):
+    """Registers a forward hook in before_fit and removes it in after_fit / on_failure, as monitors do."""
+
+    def before_fit(self):
+        self.hooks = hs.HookSet()
+        self.hooks.forward(self.learn.model, lambda m, i, o: None)
+
+    def after_fit(self):
+        self.hooks.remove()
+
+    def on_failure(self, exc):
+        self.failure = exc
+        self.hooks.remove()
+
+
+def test_failing_callback_keeps_its_exception_and_tears_everything_down():
+    log, hooked = EventLog(), HookedModel()
+    bar = hs.callbacks.ProgressBar(console=Console(file=io.StringIO()))
+    learn = _learner(cbs=[log, bar])
+    with pytest.raises(AssertionError, match="deliberate"):
+        learn.fit(1, cbs=[FailingAssert(), hooked])
+    assert log.seen[-1] == "on_failure"
+    assert "after_fit" not in log.seen
+    assert isinstance(hooked.failure, AssertionError)
+    assert not learn.model._forward_hooks
+    assert not bar.is_open
+    assert all(not isinstance(cb, FailingAssert | HookedModel) for cb in learn.cbs)
+    assert not hasattr(learn, "failing_assert")
+    assert not learn.training
+
+
+def test_keyboard_interrupt_fires_on_failure_and_propagates_unchanged():
+    log = EventLog()
+    learn = _learner(cbs=[log, RaiseAt("after_step", KeyboardInterrupt())])
+    with pytest.raises(KeyboardInterrupt):
+        learn.fit(1)
+    assert log.seen[-1] == "on_failure"
+
+
+def test_a_failing_failure_handler_does_not_mask_the_original_exception():
+    class BadHandler(hs.Callback):
+        def on_failure(self, exc):
+            raise RuntimeError("handler bug")
+
+    learn = _learner(cbs=[BadHandler(), RaiseAt("before_batch", ValueError("original"))])
+    with pytest.warns(UserWarning, match="handler bug"), pytest.raises(ValueError, match="original"):
+        learn.fit(1)
+
+
+def test_callbacks_are_reachable_by_name_and_names_must_be_unique():
+    log = EventLog()
+    learn = _learner(cbs=[log])
+    assert learn.event_log is log and learn.recorder in learn.cbs
+    with pytest.raises(ValueError, match="event_log"):
+        learn.add_cb(EventLog())
+    learn.remove_cb(log)
+    assert not hasattr(learn, "event_log")
+
+
+def test_run_before_and_run_after_decide_the_order_within_an_event():
+    order = []
+
+    class First(hs.Callback):
+        run_before = ("Second",)
+
+        def before_fit(self):
+            order.append("first")
+
+    class Second(hs.Callback):
+        order = -100
+
+        def before_fit(self):
+            order.append("second")
+
+    _learner(cbs=[Second(), First()]).fit(1)
+    assert order == ["first", "second"]
+
+
+def test_a_cycle_is_an_error_naming_the_callbacks():
+    class A(hs.Callback):
+        run_after = ("B",)
+
+    class B(hs.Callback):
+        run_after = (A,)
+
+    with pytest.raises(hs.CallbackOrderError, match=r"A, B|B, A"):
+        _learner(cbs=[A(), B()])
+    learn = _learner()
+    with pytest.raises(hs.CallbackOrderError, match=r"A, B|B, A"):
+        learn.fit(1, cbs=[A(), B()])
+    assert [type(cb) for cb in learn.cbs] == [hs.callbacks.Recorder]
+
+
+def _hand_written(model, batches, lr):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_same_final_weights_as_a_hand_written_loop(in_memory):
+    x, y = torch.randn(100, 3), torch.randint(0, 2, (100,))
+    train = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=torch.Generator())
+    torch.manual_seed(1)
+    reference = nn.Linear(3, 2)
+    model = copy.deepcopy(reference)
+    train.generator.manual_seed(7)
+    torch.manual_seed(3)
+    expected = _hand_written(reference, [b for _ in range(2) for b in train], lr=0.1)
+    train.generator.manual_seed(7)
+    torch.manual_seed(3)
+    dls = hs.DataLoaders(train, in_memory=in_memory)
+    learn = hs.Learner(model, dls, nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.1, progress=False)
+    learn.fit(2)
+    assert learn.training_step == 14
+    for got, want in zip(learn.model.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_history_rows_hold_losses_metrics_and_time():
+    learn = _learner(metrics=[hs.metrics.accuracy])
+    learn.fit(2)
+    history = learn.recorder.history
+    assert [row["epoch"] for row in history] == [0, 1]
+    assert set(history[0]) == {"epoch", "train_loss", "valid_loss", "accuracy", "time"}
+    preds, targets = learn.get_preds()
+    expected_loss = nn.functional.cross_entropy(preds, targets).item()
+    assert history[-1]["valid_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert history[-1]["accuracy"] == pytest.approx((preds.argmax(1) == targets).float().mean().item())
+    assert learn.validate() == pytest.approx(
+        {"valid_loss": expected_loss, "accuracy": history[-1]["accuracy"]}
+    )
+
+
+def test_fit_lr_sets_the_optimizer_learning_rate():
+    learn = _learner()
+    learn.fit(1, lr=0.05)
+    assert learn.opt.param_groups[0]["lr"] == 0.05
+    assert learn.recorder.lrs == [0.05, 0.05]
+
+
+def test_predict_and_get_preds_restore_the_training_mode():
+    learn = _learner()
+    learn.model.train()
+    out = learn.predict(torch.zeros(5, 3))
+    assert out.shape == (5, 2) and not out.requires_grad
+    assert learn.model.training
+
+
+def test_model_and_batches_follow_the_device_argument():
+    learn = _learner(device="cpu")
+    assert learn.device == torch.device("cpu")
+    assert next(learn.model.parameters()).device.type == "cpu"
+
+
+def test_dls_must_be_loaders():
+    with pytest.raises(TypeError, match="dls"):
+        hs.Learner(nn.Linear(3, 2), "data", nn.MSELoss(), progress=False)
+
+
+def test_show_training_loop_lists_callbacks_per_event(capsys):
+    _learner(cbs=[SkipEveryStep()]).show_training_loop()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["after_create", "-"]
+    assert any(line.split() == ["before_step", "SkipEveryStep"] for line in lines)
+    assert any(line.split() == ["after_batch", "Recorder"] for line in lines)
+
+
+def test_run_train_false_keeps_a_callback_out_of_training_batches():
+    class ValidOnly(EventLog):
+        run_train = False
+
+    log = ValidOnly()
+    _learner(cbs=[log]).fit(1)
+    assert log.seen.count("before_batch") == 1  # the one validation batch
+    assert "before_step" not in log.seen
