@@ -1,0 +1,135 @@
+"""NonFiniteGuard: stop training at the first NaN/Inf loss, activation or gradient, before it lands.
+
+Trade-off (read this before changing it): the guard must never let a non-finite update reach the weights,
+and it must not stall the device once per layer. So the checks are cheap device-side reductions (one
+min/max per watched module output, the loss, one fused norm over all gradients) that stay on the device,
+and ONE boolean triple is read on the host per training step, just before ``opt.step()``. That read is the
+price of stopping a bad update without keeping a second copy of the weights and of the optimizer state
+(reading less often would mean rolling both back, and losing the good steps in between). On CPU the read
+is free; on a GPU it costs the run-ahead of one step, and only while the guard is attached.
+
+When a check fails the step is skipped, the buffers (BatchNorm running statistics) and the RNG are put
+back as they were before the batch, :func:`hookscope.find_nonfinite` replays the offending batch to name
+the module, op and phase, and ``CancelFitException`` ends the fit with the last good weights in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
+from hookscope.hooks.select import Spec, select
+from hookscope.train.callback import Callback
+from hookscope.train.events import CancelFitException
+
+_CHECKS = ("activation", "loss", "gradient")
+
+
+class NonFiniteGuard(Callback):
+    """Stops the fit at the first non-finite activation, loss or gradient, keeping the last good weights.
+
+    ``select`` chooses the modules whose outputs are watched (default: every leaf module; ``False`` for
+    none — the loss and gradients are still checked). After a stop, ``report`` holds the
+    :class:`~hookscope.NonFiniteReport` of the offending batch, ``stopped_at`` the training step and
+    ``reason`` which check failed first. ``quiet=True`` keeps it from printing.
+    """
+
+    order = 20  # after MixedPrecision (10): its scaler skips inf steps itself and unscales the gradients
+    run_after = ("MixedPrecision", "GradientClip")
+    run_valid = False
+
+    def __init__(self, select: Spec | bool = None, quiet: bool = False) -> None:
+        self.select = select
+        self.quiet = quiet
+        self.report: NonFiniteReport | None = None
+        self.stopped_at: int | None = None
+        self.reason: str | None = None
+        self._hooks = HookSet()
+        self._flags: list[torch.Tensor] = []
+        self._loss_ok: torch.Tensor | None = None
+        self._buffers: list[torch.Tensor] = []
+        self._saved: list[torch.Tensor] = []
+        self._rng: torch.Tensor | None = None
+
+    def before_fit(self) -> None:
+        self.report = self.stopped_at = self.reason = None
+        model = self.learn.model
+        if self.select is not False:
+            for _, module in select(model, None if self.select is True else self.select):
+                self._hooks.forward(module, self._watch)
+        self._buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self._saved = [torch.empty_like(b) for b in self._buffers]
+
+    def before_batch(self) -> None:
+        self._flags.clear()
+        self._loss_ok = None
+        if self._buffers:
+            torch._foreach_copy_(self._saved, self._buffers)
+        self._rng = torch.get_rng_state()
+
+    def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.learn.training:
+            return
+        tensors = [t for t in _tensors(output) if t.is_floating_point() and t.numel()]
+        self._flags.extend(torch.stack(torch.aminmax(t.detach())).isfinite().all() for t in tensors)
+
+    def after_loss(self) -> None:
+        self._loss_ok = self.learn.loss.isfinite().all()
+
+    def before_step(self) -> None:
+        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        device = self.learn.loss.device
+        true = torch.ones((), dtype=torch.bool, device=device)
+        activation_ok = torch.stack(self._flags).all() if self._flags else true
+        grad_ok = torch.stack(torch._foreach_norm(grads)).isfinite().all() if grads else true
+        loss_ok = self._loss_ok if self._loss_ok is not None else true
+        ok = torch.stack([activation_ok.to(device), loss_ok, grad_ok.to(device)]).cpu()  # the one host read
+        if bool(ok.all()):
+            return
+        self._stop(_CHECKS[int((~ok).nonzero()[0])])
+
+    def after_fit(self) -> None:
+        self._hooks.remove()
+
+    def on_failure(self, exc: BaseException) -> None:
+        self._hooks.remove()
+
+    def _stop(self, reason: str) -> None:
+        learn = self.learn
+        learn.opt.zero_grad(set_to_none=True)
+        if self._buffers:
+            torch._foreach_copy_(self._buffers, self._saved)
+        self._hooks.remove()
+        if self._rng is not None:
+            torch.set_rng_state(self._rng)
+        self.report = find_nonfinite(learn.model, learn.xb, learn.loss_func, learn.yb)
+        self.stopped_at, self.reason = learn.training_step, reason
+        if not self.quiet:
+            Console(stderr=True, highlight=False).print(self.message(), markup=False)
+        raise CancelFitException()
+
+    def message(self) -> str:
+        """One paragraph: where training stopped, what was kept, and the blame."""
+        if self.stopped_at is None:
+            return "NonFiniteGuard: every checked loss, activation and gradient was finite."
+        learn = self.learn
+        return (
+            f"NonFiniteGuard stopped training at step {self.stopped_at} (epoch {learn.epoch}, batch "
+            f"{learn.iter}): the first non-finite value was in the {self.reason}. The update of that step "
+            f"was not applied, so the model keeps the weights of step {self.stopped_at}. {self.report}"
+        )
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        return [t for item in obj for t in _tensors(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors(item)]
+    return []
