@@ -10,6 +10,7 @@ from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import SelectionError, select
 from hookscope.hooks.summary import Summary, SummaryRow, summary
 from hookscope.train.callback import Callback, CallbackOrderError
+from hookscope.train.checkpoint import CheckpointError, export_safetensors, load_checkpoint
 from hookscope.train.data import DataLoaders
 from hookscope.train.events import (
     CancelBackwardException,
@@ -36,6 +37,7 @@ __all__ = [
     "CancelValidException",
     "Capture",
     "CaptureLimitError",
+    "CheckpointError",
     "DataLoaders",
     "HookSet",
     "Learner",
@@ -46,7 +48,9 @@ __all__ = [
     "SummaryRow",
     "__version__",
     "capture",
+    "export_safetensors",
     "find_nonfinite",
+    "load_checkpoint",
     "metrics",
     "select",
     "summary",

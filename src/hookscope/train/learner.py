@@ -170,11 +170,12 @@ class Learner:
         n_epoch: int,
         lr_max: float | None = None,
         cbs: Iterable[Callback] | None = None,
+        resume: str | Path | None = None,
         **one_cycle: Any,
     ) -> None:
         """``fit`` under the 1cycle policy (``hs.callbacks.OneCycle(lr_max, **one_cycle)``, whose parameters
         and defaults are those of ``torch.optim.lr_scheduler.OneCycleLR``); ``lr_max=None`` uses ``lr``."""
-        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *(cbs or ())])
+        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *(cbs or ())], resume=resume)
 
     def lr_find(
         self,
