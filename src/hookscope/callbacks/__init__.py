@@ -2,6 +2,7 @@
 
 from hookscope.callbacks.accumulate import GradientAccumulation
 from hookscope.callbacks.checkpoint import Checkpoint
+from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.clip import GradientClip, GradientClipValue
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.guard import NonFiniteGuard
@@ -22,6 +23,7 @@ from hookscope.callbacks.schedule import (
 )
 
 __all__ = [
+    "Checkpoint",
     "Checkpoint",
     "CosineAnnealing",
     "EarlyStopping",
