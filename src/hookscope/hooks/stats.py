@@ -193,9 +193,21 @@ def read_stats(
     keys = list(snapshots.keys()) if isinstance(snapshots, Mapping) else None
     items = list(snapshots.values()) if isinstance(snapshots, Mapping) else list(snapshots)
     snaps = [_as_snapshot(item, keys[i] if keys is not None else i) for i, item in enumerate(items)]
-    host = to_host([t for snap in snaps for t in (snap.sums, snap.maxes)])
-    stats = [_to_tensor_stats(snap, host[2 * i], host[2 * i + 1]) for i, snap in enumerate(snaps)]
+    stats, _ = read_all(snaps)
     return dict(zip(keys, stats, strict=True)) if keys is not None else stats
+
+
+def read_all(
+    snapshots: Sequence[DeviceStats], tensors: Sequence[torch.Tensor] = ()
+) -> tuple[list[TensorStats], list[np.ndarray]]:
+    """Read snapshots AND any other device tensors (gradient norms, ratios...) in one transfer per device.
+
+    Returns the :class:`TensorStats` of the snapshots and float64 arrays shaped like ``tensors``.
+    """
+    parts = [t for snap in snapshots for t in (snap.sums, snap.maxes)]
+    host = to_host([*parts, *tensors])
+    stats = [_to_tensor_stats(snap, host[2 * i], host[2 * i + 1]) for i, snap in enumerate(snapshots)]
+    return stats, host[len(parts) :]
 
 
 def _as_snapshot(item: DeviceStats | RunningStats, key: object) -> DeviceStats:

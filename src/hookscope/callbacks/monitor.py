@@ -1,0 +1,399 @@
+"""ActivationStats and GradientStats: per-layer statistics during training, without a host sync per step.
+
+Hooks update :class:`~hookscope.hooks.stats.RunningStats` on the device; after each recorded batch the
+callbacks keep a device snapshot per layer, and every ``read_every`` steps (or when someone reads
+``history``) all pending snapshots are copied to the host in one transfer. Everything is keyed by the
+qualified module (or parameter) name and by ``learn.training_step`` as it was when the batch started.
+
+History is bounded: when a layer holds more than ``history`` records, every other record is dropped and
+the recording interval doubles, so the history always spans the whole run at an even density.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.select import Spec, select
+from hookscope.hooks.stats import DeviceStats, RunningStats, TensorStats, UpdateRatio, read_all
+from hookscope.train.callback import Callback
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The statistics of one layer over one recorded step (or one validation phase)."""
+
+    step: int
+    stats: TensorStats
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """One parameter at one recorded step: gradient norm (None: it got no gradient) and update ratio.
+
+    ``update_ratio`` is ``||w_after - w_before|| / ||w_after||`` of that step's ``opt.step()``, or None
+    when the step did not happen (cancelled) or ratios are switched off.
+    """
+
+    step: int
+    grad_norm: float | None
+    update_ratio: float | None
+
+
+class _LayerRecorder:
+    """RunningStats per layer, pending device snapshots, and the bounded host history they become."""
+
+    def __init__(self, names: list[str], bins: int, hist_range: tuple[float, float], max_len: int) -> None:
+        self.stats = {name: RunningStats(bins, hist_range) for name in names}
+        self.history: dict[str, list[StepStats]] = {name: [] for name in names}
+        self.max_len = max_len
+        self.pending: list[tuple[str, int, DeviceStats]] = []
+
+    def close_window(self, step: int) -> None:
+        """Turn what every layer saw since the last window into pending snapshots keyed by ``step``."""
+        for name, stats in self.stats.items():
+            snap = stats.snapshot(reset=True)
+            if snap is not None:
+                self.pending.append((name, step, snap))
+
+    def discard_window(self) -> None:
+        for stats in self.stats.values():
+            stats.reset()
+
+    def take_pending(self) -> list[tuple[str, int, DeviceStats]]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def store(self, pending: list[tuple[str, int, DeviceStats]], stats: list[TensorStats]) -> bool:
+        """Append read results to the history; True when a layer overflowed and the history was thinned."""
+        for (name, step, _), result in zip(pending, stats, strict=True):
+            self.history[name].append(StepStats(step, result))
+        return _thin_if_full(self.history, self.max_len)
+
+
+def _thin_if_full(history: dict[str, list[Any]], max_len: int) -> bool:
+    if not any(len(records) > max_len for records in history.values()):
+        return False
+    for records in history.values():
+        del records[1::2]
+    return True
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor a module produced: the output itself, or the first tensor of a tuple/list output."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list):
+        return next((o for o in output if isinstance(o, torch.Tensor)), None)
+    return None
+
+
+def _check_settings(owner: str, every: int, history: int, read_every: int) -> None:
+    if every < 1 or history < 2 or read_every < 1:
+        raise ValueError(
+            f"{owner}: every={every}, history={history}, read_every={read_every}; "
+            "use every >= 1, history >= 2 and read_every >= 1"
+        )
+
+
+class ActivationStats(Callback):
+    """Statistics of the outputs of the selected layers (``hs.select`` spec; None = every leaf module).
+
+    Records training batches whose step is a multiple of ``every`` (the interval doubles each time the
+    bounded ``history`` is thinned); validation too when ``include_valid`` (one record per validation
+    phase, in ``valid_history``). ``bins`` and ``range`` define the histograms of the colorful-dimension
+    plot. Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too.
+    """
+
+    order = 15
+
+    def __init__(
+        self,
+        select: Spec = None,
+        every: int = 1,
+        include_valid: bool = False,
+        bins: int = 50,
+        range: tuple[float, float] = (-5.0, 5.0),
+        history: int = 1000,
+        read_every: int = 100,
+    ) -> None:
+        _check_settings("ActivationStats", every, history, read_every)
+        self.spec, self.every, self.include_valid = select, every, include_valid
+        self.bins, self.range, self.max_history, self.read_every = bins, range, history, read_every
+        self.stride = every
+        self._hooks = HookSet()
+        self._recording = False
+        self._step = 0
+        self._train: _LayerRecorder | None = None
+        self._valid: _LayerRecorder | None = None
+        self._unread_steps = 0
+
+    @property
+    def history(self) -> dict[str, list[StepStats]]:
+        """Training records per layer (qualified name), oldest first; reads pending snapshots first."""
+        self.flush()
+        return self._train.history if self._train is not None else {}
+
+    @property
+    def valid_history(self) -> dict[str, list[StepStats]]:
+        """One record per validation phase per layer (only with ``include_valid=True``)."""
+        self.flush()
+        return self._valid.history if self._valid is not None else {}
+
+    def latest(self) -> dict[str, StepStats]:
+        """The most recent training record of every layer that has one."""
+        return {name: records[-1] for name, records in self.history.items() if records}
+
+    def flush(self) -> None:
+        """Copy every pending snapshot to the host in one transfer and append them to the histories."""
+        recorders = [r for r in (self._train, self._valid) if r is not None]
+        pending = [r.take_pending() for r in recorders]
+        snaps = [snap for batch in pending for _, _, snap in batch]
+        if not snaps:
+            return
+        stats, _ = read_all(snaps)
+        offset = 0
+        for recorder, batch in zip(recorders, pending, strict=True):
+            if recorder.store(batch, stats[offset : offset + len(batch)]) and recorder is self._train:
+                self.stride *= 2
+            offset += len(batch)
+        self._unread_steps = 0
+
+    # ---- events --------------------------------------------------------------------------------------
+
+    def before_fit(self) -> None:
+        layers = select(self.learn.model, self.spec)
+        names = [name for name, _ in layers]
+        if self._train is None or list(self._train.stats) != names:
+            self._train = _LayerRecorder(names, self.bins, self.range, self.max_history)
+            self._valid = _LayerRecorder(names, self.bins, self.range, self.max_history)
+            self.stride = self.every
+        self._hooks.remove()
+        for name, module in layers:
+            self._hooks.forward(module, self._hook(name))
+
+    def before_batch(self) -> None:
+        if self.learn.training:
+            self._step = self.learn.training_step
+            self._recording = self._step % self.stride == 0
+
+    def after_batch(self) -> None:
+        if not (self.learn.training and self._recording):
+            return
+        assert self._train is not None
+        self._train.close_window(self._step)
+        self._recording = False
+        self._unread_steps += 1
+        if self._unread_steps >= self.read_every:
+            self.flush()
+
+    def before_validate(self) -> None:
+        self._recording = self.include_valid
+
+    def after_validate(self) -> None:
+        if self._recording and self._valid is not None:
+            self._valid.close_window(self.learn.training_step)
+        self._recording = False
+
+    def after_fit(self) -> None:
+        self._hooks.remove()
+        self._recording = False
+        self.flush()
+
+    def on_failure(self, exc: BaseException) -> None:
+        self._hooks.remove()
+        self._recording = False
+        for recorder in (self._train, self._valid):
+            if recorder is not None:
+                recorder.discard_window()
+
+    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            if not self._recording:
+                return
+            tensor = _first_tensor(output)
+            if tensor is not None and self._train is not None and self._valid is not None:
+                recorder = self._train if self.learn.training else self._valid
+                recorder.stats[name].update(tensor)
+
+        return record
+
+
+class GradientStats(Callback):
+    """Gradient norms and update-to-weight ratios per parameter, and output-gradient stats per layer.
+
+    Every ``every`` training steps: the norm of each trainable parameter's gradient, read in
+    ``before_step`` after mixed-precision unscaling and before clipping (a step that an earlier callback
+    cancels there is not recorded); the ratio ``||Δw|| / ||w||`` of that step's ``opt.step()``
+    (``update_ratio=True``); and statistics of the gradient flowing out of each ``select``-ed module
+    (None = every leaf module; pass ``output_grads=False`` to skip them), taken with tensor hooks so
+    in-place ops after a module do not break them.
+    """
+
+    order = 15
+
+    def __init__(
+        self,
+        every: int = 1,
+        select: Spec = None,
+        output_grads: bool = True,
+        update_ratio: bool = True,
+        bins: int = 50,
+        range: tuple[float, float] = (-1e-3, 1e-3),
+        history: int = 1000,
+        read_every: int = 100,
+    ) -> None:
+        _check_settings("GradientStats", every, history, read_every)
+        self.every, self.spec, self.output_grads, self.update_ratio = (
+            every,
+            select,
+            output_grads,
+            update_ratio,
+        )
+        self.bins, self.range, self.max_history, self.read_every = bins, range, history, read_every
+        self.stride = every
+        self._hooks = HookSet()
+        self._grad_hooks = HookSet()  # tensor hooks of the current step, removed after every backward
+        self._recording = False
+        self._step = 0
+        self._layers: _LayerRecorder | None = None
+        self._param_names: list[str] = []
+        self._params: list[nn.Parameter] = []
+        self._ratio: UpdateRatio | None = None
+        self._param_history: dict[str, list[ParamRecord]] = {}
+        self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
+        self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
+        self._unread_steps = 0
+
+    @property
+    def history(self) -> dict[str, list[StepStats]]:
+        """Output-gradient statistics per layer (qualified name), oldest first."""
+        self.flush()
+        return self._layers.history if self._layers is not None else {}
+
+    @property
+    def param_history(self) -> dict[str, list[ParamRecord]]:
+        """Gradient norm and update ratio per trainable parameter (qualified name), oldest first."""
+        self.flush()
+        return self._param_history
+
+    def flush(self) -> None:
+        """Copy everything pending to the host in one transfer and append it to the histories."""
+        layer_pending = self._layers.take_pending() if self._layers is not None else []
+        param_pending, self._pending = self._pending, []
+        if not layer_pending and not param_pending:
+            return
+        vectors = [v for _, _, norms, ratios in param_pending for v in (norms, ratios) if v is not None]
+        stats, arrays = read_all([snap for _, _, snap in layer_pending], vectors)
+        host = iter(arrays)
+        thinned = self._layers is not None and self._layers.store(layer_pending, stats)
+        for step, has_grad, norms, ratios in param_pending:
+            norm_values = next(host) if norms is not None else None
+            ratio_values = next(host) if ratios is not None else None
+            self._store_params(step, has_grad, norm_values, ratio_values)
+        thinned = _thin_if_full(self._param_history, self.max_history) or thinned
+        if thinned:
+            self.stride *= 2
+        self._unread_steps = 0
+
+    def _store_params(self, step: int, has_grad: list[bool], norms: Any, ratios: Any) -> None:
+        norm_iter = iter(norms if norms is not None else ())
+        for i, name in enumerate(self._param_names):
+            norm = float(next(norm_iter)) if has_grad[i] else None
+            ratio = float(ratios[i]) if ratios is not None else None
+            self._param_history[name].append(ParamRecord(step, norm, ratio))
+
+    # ---- events --------------------------------------------------------------------------------------
+
+    def before_fit(self) -> None:
+        model = self.learn.model
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        names = [name for name, _ in named]
+        if names != self._param_names:
+            self._param_names, self._params = names, [p for _, p in named]
+            self._param_history = {name: [] for name in names}
+            self._pending = []
+            self.stride = self.every
+        self._ratio = UpdateRatio(self._params) if self.update_ratio else None
+        self._hooks.remove()
+        if not self.output_grads:
+            return
+        layers = select(model, self.spec)
+        layer_names = [name for name, _ in layers]
+        if self._layers is None or list(self._layers.stats) != layer_names:
+            self._layers = _LayerRecorder(layer_names, self.bins, self.range, self.max_history)
+        for name, module in layers:
+            self._hooks.forward(module, self._hook(name))
+
+    def before_batch(self) -> None:
+        if not self.learn.training:
+            return
+        self._step = self.learn.training_step
+        self._recording = self._step % self.stride == 0
+        self._step_norms = None
+
+    def before_step(self) -> None:
+        if not self._recording:
+            return
+        has_grad = [p.grad is not None for p in self._params]
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norms = torch.stack(torch._foreach_norm(grads)).to(torch.float32) if grads else None
+        self._step_norms = (has_grad, norms)
+        if self._ratio is not None:
+            self._ratio.before()
+
+    def after_step(self) -> None:
+        if not self._recording or self._step_norms is None:
+            return
+        has_grad, norms = self._step_norms
+        ratios = self._ratio.after() if self._ratio is not None else None
+        self._pending.append((self._step, has_grad, norms, ratios))
+
+    def after_cancel_step(self) -> None:
+        if self._recording and self._step_norms is not None:
+            has_grad, norms = self._step_norms
+            self._pending.append((self._step, has_grad, norms, None))
+        self._step_norms = None
+
+    def after_batch(self) -> None:
+        if not (self.learn.training and self._recording):
+            return
+        self._grad_hooks.remove()
+        if self._layers is not None:
+            self._layers.close_window(self._step)
+        self._recording = False
+        self._step_norms = None
+        self._unread_steps += 1
+        if self._unread_steps >= self.read_every:
+            self.flush()
+
+    def after_fit(self) -> None:
+        self._teardown()
+        self.flush()
+
+    def on_failure(self, exc: BaseException) -> None:
+        self._teardown()
+        if self._layers is not None:
+            self._layers.discard_window()
+
+    def _teardown(self) -> None:
+        self._hooks.remove()
+        self._grad_hooks.remove()
+        self._recording = False
+
+    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def watch_grad(module: nn.Module, args: Any, output: Any) -> None:
+            if not (self._recording and self.learn.training):
+                return
+            tensor = _first_tensor(output)
+            if tensor is None or not tensor.requires_grad or self._layers is None:
+                return
+            stats = self._layers.stats[name]
+            self._grad_hooks.tensor(tensor, stats.update)
+
+        return watch_grad

@@ -1,0 +1,228 @@
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
+
+
+def loaders(n: int = 48, batch: int = 8, seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 1, 6, 6, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+    return DataLoader(TensorDataset(x, y), batch_size=batch), DataLoader(
+        TensorDataset(x[:16], y[:16]), batch_size=8
+    )
+
+
+def small_cnn() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.Flatten(),
+        nn.Linear(144, 3),
+    )
+
+
+def learner(model: nn.Module, *cbs: hs.Callback, lr: float = 1e-2) -> hs.Learner:
+    return hs.Learner(model, loaders(), nn.CrossEntropyLoss(), lr=lr, cbs=list(cbs), progress=False)
+
+
+def all_hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+class Raise(hs.Callback):
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def after_pred(self) -> None:
+        if self.learn.training and self.learn.training_step == self.at_step:
+            raise ValueError("boom")
+
+
+def test_activation_stats_equal_a_direct_computation_on_captured_outputs():
+    model = small_cnn()
+    acts = ActivationStats(select=["1", "2"], bins=20, range=(-4.0, 4.0))
+    learn = learner(model, acts)
+    with hs.capture(model, ["1", "2"]) as cap:
+        learn.fit(1)
+    n_train = len(learn.dls.train)
+    history = acts.history
+    assert list(history) == ["1", "2"]
+    assert [r.step for r in history["2"]] == list(range(n_train))
+    for name in ("1", "2"):
+        for record, captured in zip(history[name], cap.calls(name)[:n_train], strict=True):
+            values = captured.double()
+            got = record.stats
+            assert isinstance(record, StepStats)
+            assert got.count == values.numel()
+            assert got.mean == pytest.approx(values.mean().item(), rel=1e-6, abs=1e-9)
+            assert got.std == pytest.approx(values.std(unbiased=False).item(), rel=1e-6)
+            assert got.zero_fraction == pytest.approx((values == 0).double().mean().item())
+            want_hist = torch.histc(values.clamp(-4.0, 4.0), bins=20, min=-4.0, max=4.0)
+            np.testing.assert_array_equal(got.histogram, want_hist.long().numpy())
+            np.testing.assert_allclose(
+                got.channel_abs_max, values.abs().amax(dim=(0, 2, 3)).numpy(), rtol=1e-6
+            )
+
+
+def test_batchnorm_stats_keep_negatives_although_an_inplace_relu_follows():
+    acts = ActivationStats(select=["1", "2"])
+    learner(small_cnn(), acts).fit(1)
+    bn, relu = acts.latest()["1"].stats, acts.latest()["2"].stats
+    assert bn.histogram[: len(bn.histogram) // 2].sum() > 0
+    assert bn.zero_fraction == 0.0
+    assert relu.histogram[: len(relu.histogram) // 2].sum() == 0
+    assert relu.zero_fraction > 0.2
+
+
+def test_every_records_only_multiples_of_the_interval_and_validation_only_when_asked():
+    acts, with_valid = ActivationStats(every=2), ActivationStats(select=nn.ReLU, include_valid=True)
+    learn = learner(small_cnn(), acts)
+    learn.fit(2)
+    assert [r.step for r in acts.history["0"]] == [0, 2, 4, 6, 8, 10]
+    assert acts.valid_history == {"0": [], "1": [], "2": [], "3": [], "4": []}
+    learner(small_cnn(), with_valid).fit(2)
+    valid = with_valid.valid_history["2"]
+    assert [r.step for r in valid] == [6, 12]
+    assert valid[0].stats.count == 16 * 4 * 6 * 6
+
+
+def test_history_is_bounded_and_still_spans_the_whole_run():
+    acts = ActivationStats(select=nn.ReLU, history=4, read_every=1)
+    learner(small_cnn(), acts).fit(3)
+    steps = [r.step for r in acts.history["2"]]
+    assert len(steps) <= 4
+    assert steps[0] == 0 and steps[-1] >= 12
+    assert acts.stride > 1
+
+
+def test_pending_records_of_all_layers_and_steps_are_read_in_one_transfer(monkeypatch):
+    acts = ActivationStats(read_every=10_000)
+    learn = learner(small_cnn(), acts, Raise(at_step=5))
+    with pytest.raises(ValueError, match="boom"):
+        learn.fit(1)
+    transfers = []
+    original = torch.Tensor.cpu
+
+    def counting_cpu(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        transfers.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    history = acts.history
+    assert len(transfers) == 1
+    assert {name: [r.step for r in records] for name, records in history.items()} == {
+        name: [0, 1, 2, 3, 4] for name in ("0", "1", "2", "3", "4")
+    }
+    assert acts.history == history
+    assert len(transfers) == 1
+
+
+def test_hooks_are_removed_after_fit_and_after_a_failure():
+    model = small_cnn()
+    acts, grads = ActivationStats(), GradientStats()
+    learn = learner(model, acts, grads)
+    learn.fit(1)
+    assert all_hooks(model) == 0
+    learn.add_cb(Raise(at_step=8))
+    with pytest.raises(ValueError, match="boom"):
+        learn.fit(1)
+    assert all_hooks(model) == 0
+    assert [r.step for r in acts.history["0"]][-1] == 7
+
+
+def test_gradient_stats_equal_direct_norms_and_update_ratios():
+    class Probe(hs.Callback):
+        order = 16
+
+        def __init__(self) -> None:
+            self.norms, self.ratios, self.before = [], [], []
+
+        def before_step(self) -> None:
+            params = list(self.learn.model.named_parameters())
+            self.norms.append({n: p.grad.norm().item() for n, p in params})
+            self.before = [p.detach().clone() for _, p in params]
+
+        def after_step(self) -> None:
+            params = list(self.learn.model.named_parameters())
+            self.ratios.append(
+                {n: ((p - b).norm() / p.norm()).item() for (n, p), b in zip(params, self.before, strict=True)}
+            )
+
+    grads, probe = GradientStats(output_grads=False), Probe()
+    learner(small_cnn(), grads, probe).fit(1)
+    history = grads.param_history
+    assert list(history) == ["0.weight", "0.bias", "1.weight", "1.bias", "4.weight", "4.bias"]
+    for name, records in history.items():
+        assert [r.step for r in records] == list(range(6))
+        assert [r.grad_norm for r in records] == pytest.approx([n[name] for n in probe.norms], rel=1e-5)
+        assert [r.update_ratio for r in records] == pytest.approx([r[name] for r in probe.ratios], rel=1e-4)
+
+
+def test_output_gradient_stats_equal_captured_gradients():
+    model = small_cnn()
+    grads = GradientStats(select=["1", "4"], update_ratio=False, bins=10, range=(-0.05, 0.05))
+    learn = learner(model, grads)
+    with hs.capture(model, ["1", "4"], what="grad_output") as cap:
+        learn.fit(1)
+    for name in ("1", "4"):
+        records, captured = grads.history[name], cap.calls(name)
+        assert len(records) == len(captured) == 6
+        for record, grad in zip(records, captured, strict=True):
+            assert record.stats.mean == pytest.approx(grad.double().mean().item(), rel=1e-5, abs=1e-12)
+            assert record.stats.abs_max == pytest.approx(grad.abs().max().item(), rel=1e-6)
+
+
+def test_a_parameter_without_gradient_is_recorded_as_none():
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.unused = nn.Linear(36, 3), nn.Linear(36, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used(x.flatten(1))
+
+    grads = GradientStats(every=3, output_grads=False)
+    learner(TwoBranches(), grads).fit(1)
+    history = grads.param_history
+    assert [r.step for r in history["unused.weight"]] == [0, 3]
+    assert all(r.grad_norm is None for r in history["unused.weight"])
+    assert all(r.grad_norm is not None and r.grad_norm > 0 for r in history["used.weight"])
+    assert isinstance(history["used.bias"][0], ParamRecord)
+
+
+def test_a_cancelled_step_has_no_update_ratio():
+    class SkipStep(hs.Callback):
+        order = 20
+        skipped = False
+
+        def before_step(self) -> None:
+            if not self.skipped:
+                self.skipped = True
+                raise hs.CancelStepException()
+
+    grads = GradientStats(output_grads=False)
+    learn = learner(small_cnn(), grads, SkipStep())
+    learn.fit(1)
+    records = grads.param_history["0.weight"]
+    assert [r.step for r in records] == [0, 0, 1, 2, 3, 4]
+    assert records[0].update_ratio is None and records[0].grad_norm is not None
+    assert all(r.update_ratio is not None for r in records[1:])
+
+
+def test_callbacks_are_reachable_by_name_and_exported():
+    acts, grads = hs.callbacks.ActivationStats(), hs.callbacks.GradientStats()
+    learn = learner(small_cnn(), acts, grads)
+    assert learn.activation_stats is acts and learn.gradient_stats is grads
+
+
+def test_bad_settings_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="every >= 1"):
+        ActivationStats(every=0)
+    with pytest.raises(ValueError, match="history >= 2"):
+        GradientStats(history=1)
