@@ -2,11 +2,11 @@
 
 from hookscope.callbacks.accumulate import GradientAccumulation
 from hookscope.callbacks.checkpoint import Checkpoint
-from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.clip import GradientClip, GradientClipValue
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
+from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.progress import ProgressBar
 from hookscope.callbacks.recorder import Recorder
@@ -23,22 +23,25 @@ from hookscope.callbacks.schedule import (
 )
 
 __all__ = [
-    "Checkpoint",
+    "ActivationStats",
     "Checkpoint",
     "CosineAnnealing",
     "EarlyStopping",
     "GradientAccumulation",
     "GradientClip",
     "GradientClipValue",
+    "GradientStats",
     "LRFindResult",
     "LRFinder",
     "LRScheduler",
     "MixedPrecision",
     "NonFiniteGuard",
     "OneCycle",
+    "ParamRecord",
     "ParamScheduler",
     "ProgressBar",
     "Recorder",
+    "StepStats",
     "combine_scheds",
     "sched_const",
     "sched_cos",
