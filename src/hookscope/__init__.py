@@ -8,6 +8,7 @@ from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import SelectionError, select
+from hookscope.hooks.stats import RunningStats, TensorStats, read_stats
 from hookscope.hooks.summary import Summary, SummaryRow, summary
 from hookscope.train.callback import Callback, CallbackOrderError
 from hookscope.train.checkpoint import CheckpointError, export_safetensors, load_checkpoint
@@ -43,15 +44,18 @@ __all__ = [
     "Learner",
     "NonFiniteReport",
     "Record",
+    "RunningStats",
     "SelectionError",
     "Summary",
     "SummaryRow",
+    "TensorStats",
     "__version__",
     "capture",
     "export_safetensors",
     "find_nonfinite",
     "load_checkpoint",
     "metrics",
+    "read_stats",
     "select",
     "summary",
     "viz",
