@@ -1,0 +1,29 @@
+"""Shared fixtures: one ResNet34 and one ResNet18 (random weights, eval mode) and the bundled sample image.
+
+Building a ResNet costs about a second, so each is built once per test session. Tests must not change
+their weights or mode; a test that needs to, builds its own.
+"""
+
+import pytest
+import torch
+from torchvision.models import resnet18, resnet34
+
+from hookscope.data.images import sample_image
+
+
+@pytest.fixture(scope="session")
+def resnet34_eval() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return resnet34(weights=None).eval()
+
+
+@pytest.fixture(scope="session")
+def resnet18_eval() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return resnet18(weights=None).eval()
+
+
+@pytest.fixture(scope="session")
+def china_224() -> torch.Tensor:
+    """scikit-learn's bundled china.jpg as (1, 3, 224, 224) in [0, 1]."""
+    return sample_image(224)
