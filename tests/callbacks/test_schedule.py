@@ -213,7 +213,7 @@ def test_lr_scheduler_feeds_reduce_on_plateau_the_monitored_value():
 def test_lr_scheduler_names_a_missing_monitor():
     learn = _learner()
     factory = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # noqa: E731
-    with pytest.raises(KeyError, match="no 'accuracy' in learn.recorder.history"):
+    with pytest.raises(KeyError, match=r"no 'accuracy' in learn\.recorder\.history"):
         learn.fit(1, cbs=[LRScheduler(factory, "epoch", monitor="accuracy")])
 
 
@@ -235,7 +235,7 @@ def test_lr_scheduler_refuses_a_scheduler_built_on_another_optimizer():
     learn = _learner()
     other = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     cb = LRScheduler(torch.optim.lr_scheduler.StepLR(other, step_size=1))
-    with pytest.raises(ValueError, match="another optimizer than learn.opt"):
+    with pytest.raises(ValueError, match=r"another optimizer than learn\.opt"):
         learn.fit(1, cbs=[cb])
 
 
