@@ -3,6 +3,7 @@
 from hookscope.callbacks.accumulate import GradientAccumulation
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.clip import GradientClip, GradientClipValue
+from hookscope.callbacks.cost import CallbackCost
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
@@ -24,6 +25,7 @@ from hookscope.callbacks.schedule import (
 
 __all__ = [
     "ActivationStats",
+    "CallbackCost",
     "Checkpoint",
     "CosineAnnealing",
     "EarlyStopping",

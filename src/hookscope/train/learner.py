@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.callbacks.cost import CallbackCost
 from hookscope.callbacks.lr_finder import LRFindResult, find_lr
 from hookscope.callbacks.progress import ProgressBar
 from hookscope.callbacks.recorder import Recorder
@@ -32,16 +33,6 @@ from hookscope.train.events import (
     CancelStepException,
     CancelTrainException,
     CancelValidException,
-)
-
-_CANCELS = (
-    CancelFitException,
-    CancelEpochException,
-    CancelTrainException,
-    CancelValidException,
-    CancelBatchException,
-    CancelBackwardException,
-    CancelStepException,
 )
 
 
@@ -281,6 +272,11 @@ class Learner:
     def _run(self, body: Callable[[], None], stage: str | None, cancel: type[Exception] | None) -> None:
         """Resolve the dispatch tables, run ``body`` (as a cancellable stage), and report failures."""
         self._train_events, self._valid_events = self._resolve()
+        for cost in (cb for cb in self.cbs if isinstance(cb, CallbackCost)):
+            self._train_events, self._valid_events = (
+                cost.timed(self._train_events),
+                cost.timed(self._valid_events),
+            )
         self._events = self._train_events
         try:
             if stage is None:
