@@ -277,9 +277,12 @@ def _selection(text: str) -> object:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from hookscope.inspection import model_summary
+    from hookscope.specs import checked_summary, load_model, parse_input_size
 
-    print(model_summary(args.model, args.input_size, weights=args.weights))
+    size = parse_input_size(args.input_size)
+    model = load_model(args.model, weights=args.weights)
+    fix = f"pass the input shape {args.model} expects with --input-size (batch first, e.g. 1,3,224,224)"
+    print(checked_summary(model, args.model, fix, input_size=size), end="")
     return 0
 
 

@@ -48,6 +48,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a run folder is meant to be shared and served
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -17,6 +17,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -288,3 +289,23 @@ def parse_input_size(text: str) -> tuple[int, ...]:
             f"--input-size {text!r}: give positive integers separated by commas, e.g. 1,3,224,224"
         )
     return size
+
+
+def checked_summary(
+    model: nn.Module, spec: str, fix: str, *, example: torch.Tensor | None = None, input_size: tuple = ()
+) -> Any:
+    """``hs.summary`` of ``model`` on ``example`` (or zeros of ``input_size``). An input that does not fit
+    the model becomes a SpecError naming the module that refused it, the shape it received, and ``fix``."""
+    from hookscope.hooks.summary import summary
+
+    shape = tuple(example.shape) if example is not None else input_size
+    try:
+        if example is not None:
+            return summary(model, example)
+        return summary(model, input_size=input_size)
+    except Exception as err:
+        notes = getattr(err, "__notes__", [])
+        where = notes[0].splitlines()[0].removeprefix("hookscope.summary: ") if notes else str(err)
+        raise SpecError(
+            f"input of shape {','.join(map(str, shape))} does not fit model {spec!r}: {where}; {fix}"
+        ) from None

@@ -132,7 +132,7 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
     epochs = [r for r in rows if r.get("kind") == "epoch"]
     last = epochs[-1] if epochs else {}
     cards = [
-        ("model", options.get("model")),
+        ("model", str(options.get("model", "")).rpartition(":")[2] or None),
         ("data", options.get("data")),
         ("parameters", _count(summary.get("total_params"))),
         ("MACs / sample", _count(summary.get("total_macs"))),
@@ -230,7 +230,7 @@ def _stats_section(stats: list[dict[str, Any]]) -> str:
 
 
 def _summary_section(summary: dict[str, Any]) -> str:
-    lead = "Every layer with its output shape, parameters and multiply-accumulates for one sample batch."
+    lead = "Every layer with its output shape, parameters and multiply-accumulates for one validation sample."
     rows_in = summary.get("rows", [])
     if not rows_in:
         return _section("Model summary", lead, '<p class="note">Not recorded in this run.</p>')
@@ -239,7 +239,7 @@ def _summary_section(summary: dict[str, Any]) -> str:
     numeric = {i for i, c in enumerate(columns) if isinstance(rows_in[0].get(c), int | float)}
     totals = (
         f"<p>Total parameters <b>{_count(summary.get('total_params'))}</b> · trainable "
-        f"<b>{_count(summary.get('trainable_params'))}</b> · MACs per batch "
+        f"<b>{_count(summary.get('trainable_params'))}</b> · MACs per sample "
         f"<b>{_count(summary.get('total_macs'))}</b></p>"
     )
     return _section("Model summary", lead, totals + _table(columns, rows, numeric, "summary"))
@@ -278,6 +278,8 @@ def _fmt(value: Any) -> str:
         return "—"
     if isinstance(value, bool):
         return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
