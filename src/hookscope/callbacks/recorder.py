@@ -34,6 +34,11 @@ class Recorder(Callback):
         self._reset()
         self._keep_on_next_fit = False
 
+    @property
+    def name(self) -> str:
+        """Always ``recorder``, also for subclasses: other callbacks find it as ``learn.recorder``."""
+        return "recorder"
+
     # ---- reading -------------------------------------------------------------------------------------
 
     @property

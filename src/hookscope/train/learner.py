@@ -79,7 +79,7 @@ class Learner:
         cbs = list(cbs)
         show_bar = sys.stdout.isatty() if progress is None else progress
         defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
-        self.add_cbs([d for d in defaults if not any(type(cb) is type(d) for cb in cbs)] + cbs)
+        self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
         for cb in sort_callbacks(self.cbs):
             if hasattr(cb, "after_create"):
                 cb.after_create()

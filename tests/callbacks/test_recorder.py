@@ -1,0 +1,105 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+
+
+def _learner(n=40, batch_size=8, valid=True, metrics=(), **kwargs):
+    torch.manual_seed(0)
+    x, y = torch.randn(n, 4), torch.randint(0, 3, (n,))
+    train = DataLoader(TensorDataset(x, y), batch_size=batch_size)
+    valid_dl = DataLoader(TensorDataset(x[:10], y[:10]), batch_size=4) if valid else None
+    dls = hs.DataLoaders(train, valid_dl)
+    return hs.Learner(nn.Linear(4, 3), dls, nn.CrossEntropyLoss(), metrics=metrics, progress=False, **kwargs)
+
+
+def test_losses_and_lrs_have_one_entry_per_training_step():
+    learn = _learner(lr=0.01)
+    learn.fit(3)
+    assert len(learn.recorder.losses) == 15 == len(learn.recorder.lrs)
+    assert learn.recorder.lrs == [0.01] * 15
+    assert all(isinstance(v, float) for v in learn.recorder.losses)
+
+
+def test_train_loss_is_the_batch_size_weighted_mean_of_the_step_losses():
+    learn = _learner(n=20, batch_size=8)  # batches of 8, 8, 4
+    learn.fit(1)
+    losses = learn.recorder.losses
+    expected = (8 * losses[0] + 8 * losses[1] + 4 * losses[2]) / 20
+    assert learn.recorder.history[0]["train_loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_smooth_loss_is_the_debiased_exponential_average():
+    learn = _learner()
+    learn.fit(2)
+    beta, average = learn.recorder.beta, 0.0
+    for loss in learn.recorder.losses:
+        average = beta * average + (1 - beta) * loss
+    expected = average / (1 - beta ** len(learn.recorder.losses))
+    assert learn.recorder.smooth_loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_smooth_loss_read_midway_gives_the_same_final_value():
+    class ReadEveryStep(hs.Callback):
+        order = 10
+
+        def after_batch(self):
+            if self.learn.training:
+                self.learn.recorder.smooth_loss  # noqa: B018 (reading folds losses in)
+
+    torch.manual_seed(0)
+    read = _learner(cbs=[ReadEveryStep()])
+    read.fit(2)
+    untouched = _learner()
+    untouched.fit(2)
+    assert read.recorder.smooth_loss == pytest.approx(untouched.recorder.smooth_loss, rel=1e-6)
+
+
+def test_no_validation_data_gives_nan_valid_values():
+    learn = _learner(valid=False, metrics=[hs.metrics.accuracy])
+    learn.fit(1)
+    row = learn.recorder.history[0]
+    assert math.isnan(row["valid_loss"]) and math.isnan(row["accuracy"])
+    assert not math.isnan(row["train_loss"])
+
+
+def test_a_torchmetrics_metric_matches_the_function_metric():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    metric = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+    learn = _learner(metrics=[hs.metrics.accuracy, metric])
+    learn.fit(1)
+    row = learn.recorder.history[0]
+    assert row["multiclass_accuracy"] == pytest.approx(row["accuracy"])
+
+
+def test_duplicate_metric_names_are_refused():
+    learn = _learner(metrics=[hs.metrics.accuracy, hs.metrics.accuracy])
+    with pytest.raises(ValueError, match="not unique"):
+        learn.fit(1)
+
+
+def test_history_starts_afresh_each_fit_unless_restored():
+    learn = _learner()
+    learn.fit(2)
+    state = learn.recorder.state_dict()
+    learn.fit(1)
+    assert len(learn.recorder.history) == 1
+    learn.recorder.load_state_dict(state)
+    assert len(learn.recorder.history) == 2 and len(learn.recorder.losses) == 10
+    learn.fit(1)
+    assert [row["epoch"] for row in learn.recorder.history] == [0, 1, 0]
+    assert len(learn.recorder.losses) == 15
+
+
+def test_many_steps_are_compacted_without_losing_any():
+    x, y = torch.randn(1100, 2), torch.randn(1100, 1)
+    learn = hs.Learner(
+        nn.Linear(2, 1), (DataLoader(TensorDataset(x, y), batch_size=1),), nn.MSELoss(), progress=False
+    )
+    learn.fit(1)
+    losses = learn.recorder.losses
+    assert len(losses) == 1100
