@@ -238,11 +238,18 @@ def test_compiled_model_is_refused_clearly():
     model = nn.Sequential(nn.Linear(2, 2))
     with pytest.raises(TypeError, match=r"torch\.compile.*_orig_mod"):
         hs.capture(torch.compile(model))
-    inner = nn.Linear(2, 2)
+    inner = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     inner.compile()
+    outer = nn.Sequential(inner, nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"module '0' is compiled.*uncompiled model"):
+        hs.capture(outer, nn.ReLU)
+    wrapped_child = nn.Sequential(torch.compile(nn.Linear(2, 2)), nn.ReLU())
     with pytest.raises(TypeError, match=r"module '0' is compiled"):
-        hs.capture(nn.Sequential(inner))
-    assert _hook_count(model) == 0 and _hook_count(inner) == 0
+        hs.capture(wrapped_child, nn.Linear)
+    with hs.capture(outer, "1") as cap:  # a compiled sibling does not matter
+        outer[1](torch.ones(1, 2))
+    assert len(cap) == 1
+    assert all(_hook_count(m) == 0 for m in (model, outer, wrapped_child))
 
 
 def test_capture_of_the_original_of_a_compiled_model_works_uncompiled():

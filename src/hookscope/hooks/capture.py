@@ -64,7 +64,6 @@ class Capture:
         reduce: Callable[[torch.Tensor], Any] | None = None,
         max_bytes: int | None = None,
     ) -> None:
-        _refuse_compiled(model)
         self.kinds = _parse_what(what)
         self.to = torch.device(to) if to is not None else None
         self.reduce = reduce
@@ -75,8 +74,7 @@ class Capture:
         self._hooks = HookSet()
         self._offloaded_from_cuda = False
         modules = select(model, spec)
-        for name, module in modules:
-            _refuse_compiled(module, name)
+        _refuse_compiled(model, modules)
         try:
             for name, module in modules:
                 self._attach(name, module)
@@ -300,21 +298,34 @@ def _inputs_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args
 
 
-def _refuse_compiled(module: nn.Module, name: str = "") -> None:
-    # torch.compile guards do not watch module hooks, so hooks added after compiling can silently never
-    # fire (or fire on a stale graph): refuse instead of recording nothing.
+def _refuse_compiled(model: nn.Module, selected: list[tuple[str, nn.Module]]) -> None:
+    """Raise when a selected module or one of its parents is compiled with torch.compile.
+
+    Compiled graphs do not guard on module hooks: a hook added after the first compiled call never fires
+    (torch 2.14, CPU), so a capture would silently record nothing. Refusing is the honest answer.
+    """
     # torch.compile imports torch._dynamo; when it is not loaded nothing can be compiled, and importing it
     # here would cost a second per capture.
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    compiled = eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
-    if not compiled and getattr(module, "_compiled_call_impl", None) is None:
+    if eval_frame is None:
         return
-    where = f"module {name!r}" if name else "the model"
-    fix = "pass model._orig_mod and call it uncompiled" if compiled else "capture on an uncompiled copy"
-    raise TypeError(
-        f"capture: {where} is compiled with torch.compile, whose graph would skip or misplace hooks; "
-        f"{fix} inside the with-block, or capture before compiling"
-    )
+    parents = {prefix for selected_name, _ in selected for prefix in _self_and_parents(selected_name)}
+    for name in sorted(parents):
+        module = model.get_submodule(name)
+        wrapped = isinstance(module, eval_frame.OptimizedModule)
+        if not wrapped and getattr(module, "_compiled_call_impl", None) is None:
+            continue
+        where = f"module {name!r}" if name else "the model"
+        fix = "pass model._orig_mod and call that" if wrapped and not name else "use an uncompiled model"
+        raise TypeError(
+            f"capture: {where} is compiled with torch.compile, whose graph silently skips module hooks; "
+            f"{fix} inside the with-block"
+        )
+
+
+def _self_and_parents(name: str) -> list[str]:
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts) + 1)]
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
