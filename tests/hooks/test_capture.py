@@ -171,6 +171,19 @@ def test_grads_of_a_module_with_several_outputs():
     assert grads[0].tolist() == [1.0, 1.0] and grads[1] is None
 
 
+def test_recursive_module_pairs_each_output_with_its_own_call():
+    class Countdown(nn.Module):
+        def forward(self, x, depth=2):
+            return x if depth == 0 else self(x + 1, depth - 1) * 10
+
+    model = nn.Sequential(Countdown())
+    with hs.capture(model, "0", what=("input", "output")) as cap:
+        model(torch.zeros(1))
+    outputs = {r.call: r.value.item() for r in cap.records if r.kind == "output"}
+    assert outputs == {0: 200.0, 1: 20.0, 2: 2.0}
+    assert [r.value[0].item() for r in cap.records if r.kind == "input"][1:] == [1.0, 2.0]
+
+
 def test_calls_accumulate_over_forwards_and_clear_resets():
     model = nn.Sequential(nn.Linear(2, 2))
     with hs.capture(model) as cap:

@@ -71,6 +71,7 @@ class Capture:
         self.nbytes = 0
         self._records: list[Record] = []
         self._n_calls: dict[str, int] = {}
+        self._running: dict[str, list[int]] = {}
         self._hooks = HookSet()
         self._offloaded_from_cuda = False
         modules = select(model, spec)
@@ -166,6 +167,9 @@ class Capture:
     def _before(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         call = self._n_calls.get(name, 0)
         self._n_calls[name] = call + 1
+        if "output" in self.kinds or "grad_output" in self.kinds:
+            # a stack, so that a module whose forward calls itself pairs each output with its own call
+            self._running.setdefault(name, []).append(call)
         inputs = _inputs_value(args, kwargs)
         if "input" in self.kinds:
             self._store(Record(name, call, "input", _map_tensors(self._keep, inputs)), name, "input")
@@ -173,7 +177,7 @@ class Capture:
             self._watch_grads(name, call, "grad_input", inputs)
 
     def _after(self, name: str, output: Any) -> None:
-        call = self._n_calls[name] - 1
+        call = self._running[name].pop()
         if "output" in self.kinds:
             self._store(Record(name, call, "output", _map_tensors(self._keep, output)), name, "output")
         if "grad_output" in self.kinds:
