@@ -1,62 +1,94 @@
-"""Count the floating-point work of a forward pass, op by op, on top of torch's ``FlopCounterMode``.
+"""Count the floating-point work of a forward, op by op, with the formulas torch keeps for FlopCounterMode.
 
-``FlopCounterMode`` knows the FLOPs of convolutions, ``mm``/``bmm``/``addmm`` (so a Linear applied to any
-number of leading dimensions is counted in full) and of the CUDA attention kernels. It counts zero for two
-paths a CPU forward takes: the flash-attention kernel ``scaled_dot_product_attention`` picks on CPU, and
-the fused fast path of ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` in eval mode.
-:class:`FlopCounter` adds a formula for the first and switches the fast path off while counting, so those
+``torch.utils.flop_counter`` holds a FLOP formula per aten op: convolutions, ``mm``/``bmm``/``addmm`` (so a
+Linear applied to any number of leading dimensions is counted in full) and the CUDA attention kernels.
+:class:`FlopCounter` applies those formulas in a lean dispatch mode that keeps one running total; the module
+bookkeeping ``FlopCounterMode`` also does is done per call by ``hs.summary`` itself, and its attempt to run a
+Python decomposition of every op without a formula (batch norm: more time than the whole ResNet forward,
+for zero FLOPs) is skipped. Two paths a CPU forward takes count zero in ``FlopCounterMode``: the
+flash-attention kernel ``scaled_dot_product_attention`` picks on CPU, and the fused fast path of
+``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` in eval mode; so does the oneDNN LSTM kernel.
+:class:`FlopCounter` adds formulas for the kernels and switches the fast path off while counting, so those
 layers run composed ops that are counted like everything else.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
 
 
-def sdpa_flops(
-    query_shape: torch.Size, key_shape: torch.Size, value_shape: torch.Size, *args: Any, **kwargs: Any
-) -> int:
+def sdpa_flops(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> int:
     """FLOPs of ``softmax(q @ k^T) @ v`` from the shapes alone: two batched matmuls, 2 FLOPs per MAC.
 
     Leading dimensions of the query (batch, heads) multiply; grouped-query attention broadcasts key/value
-    heads.
+    heads, so the key/value head count does not enter.
     """
-    batch = math.prod(query_shape[:-2])
-    q_len, head_dim = query_shape[-2], query_shape[-1]
-    k_len, v_dim = key_shape[-2], value_shape[-1]
+    batch = math.prod(query.shape[:-2])
+    q_len, head_dim = query.shape[-2], query.shape[-1]
+    k_len, v_dim = key.shape[-2], value.shape[-1]
     return 2 * batch * q_len * k_len * head_dim + 2 * batch * q_len * k_len * v_dim
 
 
-EXTRA_FORMULAS = {aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flops}
+def lstm_layer_flops(
+    input: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, *args: Any, **kwargs: Any
+) -> int:
+    """FLOPs of one LSTM layer and direction run by oneDNN on CPU: input and hidden projections per step.
+
+    The same count as the matmuls of the composed LSTM (what FlopCounterMode sees on other devices).
+    """
+    steps_times_batch = input.numel() // input.shape[-1]
+    return 2 * steps_times_batch * weight_ih.shape[0] * (weight_ih.shape[1] + weight_hh.shape[1])
 
 
-class FlopCounter:
-    """Context manager counting the FLOPs of every aten op run inside it; ``total()`` reads the running sum.
+EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flops,
+    aten.mkldnn_rnn_layer: lstm_layer_flops,
+}
+
+
+class FlopCounter(TorchDispatchMode):
+    """Dispatch mode adding up the FLOPs of every aten op run inside it; ``total()`` reads the running sum.
 
     Reading ``total()`` before and after a module's forward gives that call's FLOPs, which is how
-    ``hs.summary`` attributes work to the innermost running module. One MAC is two FLOPs.
+    ``hs.summary`` attributes work to the innermost running module. One MAC is two FLOPs. Counting is
+    shape arithmetic on the host: no device sync.
     """
 
     def __init__(self) -> None:
-        self._mode = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
-        self._fastpath_was: bool | None = None
+        super().__init__()
+        self._flops = 0
+        self._fastpath_was = True
 
     def total(self) -> int:
-        """FLOPs counted so far (a host-side integer computed from shapes; no device sync)."""
-        return self._mode.get_total_flops()
+        """FLOPs counted so far."""
+        return self._flops
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet in EXTRA_FORMULAS:
+            self._flops += EXTRA_FORMULAS[packet](*args, **kwargs)
+        elif packet in flop_registry:
+            self._flops += flop_registry[packet](*args, **kwargs, out_val=out)
+        return out
 
     def __enter__(self) -> FlopCounter:
         self._fastpath_was = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            self._mode.__enter__()
+            super().__enter__()
         except BaseException:
             torch.backends.mha.set_fastpath_enabled(self._fastpath_was)
             raise
@@ -69,6 +101,6 @@ class FlopCounter:
         tb: TracebackType | None,
     ) -> None:
         try:
-            self._mode.__exit__(exc_type, exc, tb)
+            super().__exit__(exc_type, exc, tb)
         finally:
-            torch.backends.mha.set_fastpath_enabled(bool(self._fastpath_was))
+            torch.backends.mha.set_fastpath_enabled(self._fastpath_was)

@@ -198,6 +198,8 @@ class _Tracer:
         self.call_counts: dict[int, int] = {}
         self.failed: int | None = None
         self.modules = [m for _, m in model.named_modules()]
+        # Activation memory is estimated from leaf outputs only: a container's output is a child's output.
+        self.leaves = {id(m) for m in self.modules if next(m.children(), None) is None}
 
     def attach(self, hooks: HookSet) -> None:
         for module in self.modules:
@@ -223,7 +225,8 @@ class _Tracer:
         call = self.calls[self.stack[-1]]
         call.completed = True
         call.row.output_shapes = _shapes(output)
-        call.output_bytes = _bytes(output)
+        if id(module) in self.leaves:
+            call.output_bytes = _bytes(output)
 
     def close(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         index = self.stack.pop()
@@ -241,17 +244,14 @@ class _Tracer:
 def _build(model: nn.Module, tracer: _Tracer, depth: int | None, args: Any, kwargs: Any) -> Summary:
     kept = [i for i, call in enumerate(tracer.calls) if depth is None or call.row.depth <= depth]
     macs = _fold_macs(tracer.calls, set(kept))
-    params = _param_owners(model, {id(tracer.calls[i].module) for i in kept})
-    rows = []
-    for i in kept:
-        call = tracer.calls[i]
-        row = SummaryRow(**{**asdict(call.row), "macs": macs[i] // 2})
+    rows = [tracer.calls[i].row for i in kept]
+    params = _param_owners(model, {row.name for row in rows})
+    for i, row in zip(kept, rows, strict=True):
+        row.macs = macs[i] // 2
         if row.call == 0:
-            row.params, row.trainable_params = params.get(id(call.module), (0, 0))
-        rows.append(row)
+            row.params, row.trainable_params = params.get(row.name, (0, 0))
     unique_params = list(model.parameters())
     unique_buffers = list(model.buffers())
-    leaves = [c for c in tracer.calls if next(c.module.children(), None) is None]
     failed = tracer.calls[tracer.failed].row.name if tracer.failed is not None else None
     return Summary(
         model_type=type(model).__name__,
@@ -263,7 +263,7 @@ def _build(model: nn.Module, tracer: _Tracer, depth: int | None, args: Any, kwar
         buffer_elements=sum(b.numel() for b in unique_buffers),
         buffer_bytes=sum(b.numel() * b.element_size() for b in unique_buffers),
         input_bytes=_bytes((args, kwargs)),
-        activation_bytes=sum(c.output_bytes for c in leaves),
+        activation_bytes=sum(c.output_bytes for c in tracer.calls),
         failed_module=failed,
     )
 
@@ -280,24 +280,15 @@ def _fold_macs(calls: list[_Call], kept: set[int]) -> dict[int, int]:
     return flops
 
 
-def _param_owners(model: nn.Module, listed: set[int]) -> dict[int, tuple[int, int]]:
-    """(params, trainable) per listed module: each unique parameter goes to its nearest listed holder."""
-    counts: dict[int, tuple[int, int]] = {}
-    seen: set[int] = set()
-
-    def visit(module: nn.Module, owner: int | None) -> None:
-        if id(module) in listed:
-            owner = id(module)
-        for p in module.parameters(recurse=False):
-            if id(p) in seen or owner is None:
-                continue
-            seen.add(id(p))
-            total, trainable = counts.get(owner, (0, 0))
-            counts[owner] = (total + p.numel(), trainable + (p.numel() if p.requires_grad else 0))
-        for child in module.children():
-            visit(child, owner)
-
-    visit(model, None)
+def _param_owners(model: nn.Module, listed: set[str]) -> dict[str, tuple[int, int]]:
+    """(params, trainable) per listed module name: each unique parameter goes to its nearest listed holder."""
+    counts: dict[str, tuple[int, int]] = {}
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        while owner and owner not in listed:
+            owner = owner.rpartition(".")[0]
+        total, trainable = counts.get(owner, (0, 0))
+        counts[owner] = (total + p.numel(), trainable + (p.numel() if p.requires_grad else 0))
     return counts
 
 
@@ -425,11 +416,11 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 
 def _shapes(obj: Any) -> list[Shape]:
-    return [tuple(int(d) for d in t.shape) for t in _tensors(obj)]
+    return [tuple(t.shape) for t in _tensors(obj)]
 
 
 def _bytes(obj: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+    return sum(t.nbytes for t in _tensors(obj))
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -460,10 +451,10 @@ def _failure_note(tracer: _Tracer, partial: Summary) -> str:
 
 
 def _chain(tracer: _Tracer, failed: int) -> str:
-    """Output shapes of the last leaf modules that completed before the failing call, oldest first."""
+    """Output shapes of the last leaf modules that completed (all before the failure), oldest first."""
     done = [
         c.row
-        for c in tracer.calls[:failed]
+        for c in tracer.calls
         if c.completed and next(c.module.children(), None) is None and c.row.output_shapes
     ]
     steps = [f"{row.name} {_format_shapes(row.output_shapes)}" for row in done[-6:]]
@@ -475,6 +466,8 @@ def _chain(tracer: _Tracer, failed: int) -> str:
 def _expectation(module: nn.Module, shapes: list[Shape]) -> str:
     """What the failing module expects, compared with the first input shape it got, for common layers."""
     described = f"it is {type(module).__name__}({module.extra_repr()})"
+    if next(module.children(), None) is not None:
+        described = f"the failing op is in {type(module).__name__}.forward itself, not in a submodule"
     if not shapes:
         return described
     got = shapes[0]
