@@ -72,6 +72,9 @@ class Checkpoint(Callback):
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
+        for stale in self.dir.glob(".*.tmp"):  # left by a process killed while writing
+            stale.unlink(missing_ok=True)
+        self._check_monitor()
         self._interrupted = False
         self._last_saved_step = self.learn.training_step
         if self.sigint and threading.current_thread() is threading.main_thread():
@@ -132,19 +135,24 @@ class Checkpoint(Callback):
         """Whether this epoch's ``monitor`` value beats the best so far (NaN never does); updates best."""
         if self.monitor is None:
             return False
-        row = self.learn.recorder.history[-1]
-        if self.monitor not in row:
-            raise KeyError(
-                f"Checkpoint: monitor={self.monitor!r} is not in learn.recorder.history "
-                f"(available: {', '.join(row)}); pass one of those"
-            )
-        value = float(row[self.monitor])
+        value = float(self.learn.recorder.history[-1][self.monitor])
         if math.isnan(value):
             return False
         better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
         if better:
             self.best = value
         return better
+
+    def _check_monitor(self) -> None:
+        """Fail at the start of the fit, not after the first epoch, when ``monitor`` is not recorded."""
+        if self.monitor is None:
+            return
+        available = ["train_loss", "valid_loss", *self.learn.recorder.metric_names]
+        if self.monitor not in available:
+            raise KeyError(
+                f"Checkpoint: monitor={self.monitor!r} is not in learn.recorder.history "
+                f"(available: {', '.join(available)}); pass one of those"
+            )
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         if self._interrupted:
@@ -161,9 +169,11 @@ class Checkpoint(Callback):
         if not self._interrupted:
             return
         learn = self.learn
+        last = str(self.dir / "last.pt")
         message = (
             f"interrupted at epoch {learn.epoch}, step {learn.training_step}; checkpoint saved to {path}. "
-            f"Resume with learn.fit({learn.n_epoch}, resume={str(self.dir / 'last.pt')!r})"
+            f"To continue, repeat the same fit call with resume={last!r}, e.g. "
+            f"learn.fit({learn.n_epoch}, resume={last!r})"
         )
         print(f"hookscope: {message}", file=sys.stderr, flush=True)
         raise KeyboardInterrupt(message)
