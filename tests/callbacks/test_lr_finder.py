@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.callbacks import EarlyStopping, LRFinder, LRFindResult, OneCycle
+from hookscope.callbacks import EarlyStopping, LRFinder, LRFindResult, MixedPrecision, OneCycle
 from hookscope.callbacks.lr_finder import suggest_lrs
 
 
@@ -145,3 +145,31 @@ def test_lr_finder_rejects_bad_ranges():
         LRFinder(start_lr=1.0, end_lr=1e-3)
     with pytest.raises(ValueError, match="num_it=1"):
         LRFinder(num_it=1)
+
+
+def test_learn_lr_finder_exists_only_during_the_sweep():
+    class SeesFinder(hs.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def before_fit(self):
+            self.seen.append(getattr(self.learn, "lr_finder", None))
+
+    probe = SeesFinder()
+    learn = _learner(cbs=[probe])
+    learn.lr_find(num_it=10)
+    learn.fit(1)
+    assert isinstance(probe.seen[0], LRFinder)
+    assert probe.seen[1] is None
+    assert not hasattr(learn, "lr_finder")
+
+
+def test_a_diverging_sweep_gives_the_loss_scale_back():
+    precision = MixedPrecision(torch.float16, init_scale=2.0**8)
+    learn = _learner(opt_func=torch.optim.SGD, cbs=[precision])
+    learn.fit(1)
+    scale = precision.scaler.get_scale()
+
+    learn.lr_find(start_lr=1e-3, end_lr=1e6, num_it=60, stop_div=False)  # ends in inf/NaN losses
+    assert precision.skipped_steps == 0
+    assert precision.scaler.get_scale() == scale

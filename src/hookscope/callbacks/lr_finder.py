@@ -3,7 +3,9 @@
 ``find_lr`` (``learn.lr_find()``) runs the sweep through the normal loop — mixed precision, clipping
 and accumulation apply as in ``fit`` — with the callbacks that schedule or stop a real run
 (``ParamScheduler`` and its subclasses, ``LRScheduler``, ``EarlyStopping``) detached, and puts the
-model weights, the optimizer state, ``learn.training_step`` and the torch random state back afterwards.
+model weights, the optimizer state, the loss scaler of ``MixedPrecision``, ``learn.training_step``
+and the torch random state back afterwards. Other callbacks run during the sweep, as in fastai;
+``learn.lr_finder`` exists only then, so a logger or checkpointer can skip a sweep by checking it.
 
 Suggested learning rate (``LRFindResult.suggested_lr``), fastai's "valley" rule: on the smoothed loss
 (first 10% and last 5 points trimmed), find the longest stretch over which the loss keeps decreasing
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from hookscope.callbacks.early_stopping import EarlyStopping
+from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler, sched_exp
 from hookscope.train.callback import Callback
 from hookscope.train.events import CancelFitException, CancelValidException
@@ -74,6 +77,11 @@ class LRFinder(Callback):
 
     order = 60
     run_after = (ParamScheduler, LRScheduler)
+
+    @property
+    def name(self) -> str:
+        """``learn.lr_finder`` exists during a sweep: callbacks that should not run then can check it."""
+        return "lr_finder"
 
     def __init__(
         self,
@@ -185,10 +193,13 @@ def find_lr(
 
 
 class _Snapshot:
-    """What a sweep changes and must give back: weights, optimizer state, step count, random state."""
+    """What a sweep changes and must give back: weights, optimizer and loss-scaler state, step count,
+    random state."""
 
     def __init__(self, learn: Learner) -> None:
         self.cb_order = list(learn.cbs)
+        scalers = [cb for cb in learn.cbs if isinstance(cb, MixedPrecision)]
+        self.precision = [(cb, copy.deepcopy(cb.state_dict())) for cb in scalers]
         self.model = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
         self.opt = copy.deepcopy(learn.opt.state_dict())
         self.training_step = learn.training_step
@@ -199,6 +210,8 @@ class _Snapshot:
         learn.model.load_state_dict(self.model)
         learn.opt.load_state_dict(self.opt)
         learn.training_step = self.training_step
+        for cb, state in self.precision:
+            cb.load_state_dict(state)
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)

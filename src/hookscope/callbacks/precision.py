@@ -110,6 +110,8 @@ class MixedPrecision(Callback):
         self.skipped_steps = state.get("skipped_steps", 0)
         scaler_state = state.get("scaler")
         if scaler_state is None:
+            # Saved before any float16 fit: the next fit builds a fresh scaler.
+            self.scaler, self._pending_state = None, None
             return
         if self.scaler is None:
             self._pending_state = scaler_state
