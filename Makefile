@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,18 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e ".[vision,dev]"
 	touch $@ $(VENV)/.installed
 
+# `hookscope train` with its defaults: digits, a small CNN, the doctor and statistics; ends by printing the
+# path of runs/demo/report.html and the top findings.
 demo: $(VENV)/.installed
-	$(PY) examples/feature_maps.py --out runs/demo
+	$(VENV)/bin/hookscope train --out runs/demo
 
-test: $(VENV)/.installed-dev
+# The report test opens report.html in headless Chromium; install Debian's package when it is missing
+# (as root, like CI). When that is impossible the browser test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium) \
+		|| echo "warning: chromium could not be installed; tests/viz/test_report.py will be skipped" >&2
+
+test: $(VENV)/.installed-dev browser
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed-dev

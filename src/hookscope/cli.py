@@ -184,10 +184,24 @@ def _train(args: argparse.Namespace) -> int:
         out = args.out or f"runs/{_short_name(options.model)}-{datetime.now():%Y%m%d-%H%M%S}"
         folder = RunFolder.start(out)
     options.out = str(folder.final)
-    result = demo.run(options, folder, resume=bool(args.resume), argv=sys.argv)
+    try:
+        result = demo.run(options, folder, resume=bool(args.resume), argv=sys.argv)
+    except KeyboardInterrupt:
+        print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        code, message = _explain(err)
+        raise CommandError(message + _resume_hint(folder), code) from err
     final = folder.finish()
     print(demo.closing_words(result, final))
     return 0
+
+
+def _resume_hint(folder: RunFolder) -> str:
+    """Where the unfinished run is, and the command that continues it (when a checkpoint was saved)."""
+    if not (folder.path / "checkpoints" / "last.pt").is_file():
+        return ""
+    return f"; the unfinished run is kept: hookscope train --resume {folder.path}"
 
 
 def _resumed(run_dir: str, given: dict[str, object]) -> tuple[RunFolder, object]:

@@ -21,6 +21,7 @@ from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.run_folder import atomic_write_text
 
 REPORT = "report.html"
+WIDE_ASPECT = 2.2  # figures wider than this (loss + metrics side by side) take the whole row
 
 # (section title, figure file-name prefixes, what the reader looks at)
 SECTIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -59,7 +60,8 @@ h2 { margin: 36px 0 6px; font-size: 20px; border-bottom: 2px solid var(--line); 
 .card { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; }
 .card .k { font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); }
 .card .v { font-size: 19px; font-weight: 600; overflow-wrap: anywhere; }
-.figs { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 14px; }
+.figs { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr)); gap: 14px; }
+figure.wide { grid-column: 1 / -1; }
 figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
 figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
@@ -186,11 +188,20 @@ def _figures_html(figures: list[Path]) -> str:
     for path in figures:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         caption = path.stem.replace("_", " ")
+        wide = ' class="wide"' if _aspect(path) > WIDE_ASPECT else ""
         items.append(
-            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+            f'<figure{wide}><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
     return f'<div class="figs">{"".join(items)}</div>'
+
+
+def _aspect(png: Path) -> float:
+    """Width / height from the PNG header (bytes 16-24 of the IHDR chunk), without decoding the image."""
+    with png.open("rb") as f:
+        header = f.read(24)
+    width, height = int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+    return width / height if height else 1.0
 
 
 def _findings_section(findings: list[dict[str, Any]] | None) -> str:
