@@ -32,7 +32,7 @@ def test_digits_cnn_learns_digits():
     train_dl, _ = digits_loaders(batch_size=64, seed=0)
     _, _, x_valid, y_valid = digits_tensors(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(3):
+    for _ in range(2):
         model.train()
         for xb, yb in train_dl:
             loss = nn.functional.cross_entropy(model(xb), yb)
