@@ -51,6 +51,24 @@ def test_patience_1_stops_at_the_first_epoch_without_improvement():
     assert [row["epoch"] for row in learn.recorder.history] == [0, 1, 2, 3]
 
 
+def test_callbacks_ordered_late_still_see_the_final_epoch():
+    class LateEpochLog(hs.Callback):
+        order = 90  # like the progress bar and the checkpoint callback
+
+        def __init__(self):
+            self.epochs = []
+
+        def after_epoch(self):
+            self.epochs.append(self.learn.epoch)
+
+    log = LateEpochLog()
+    stopper = EarlyStopping(monitor="score", patience=1)
+    learn = _learner([Scripted([3.0, 4.0, 1.0]), stopper, log])
+    learn.fit(3)
+    assert stopper.stopped_epoch == 1
+    assert log.epochs == [0, 1]
+
+
 def test_an_improvement_resets_the_count():
     _, stopper = _run([5.0, 6.0, 4.0, 6.0, 3.0, 6.0, 7.0], mode="min", patience=2)
     assert stopper.stopped_epoch == 6

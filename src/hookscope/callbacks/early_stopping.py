@@ -19,7 +19,9 @@ class EarlyStopping(Callback):
     checkpoint through ``state_dict``; a new ``fit`` otherwise starts counting afresh.
     """
 
-    order = 70
+    # Last at after_epoch: the stop must not rob the progress bar, checkpoints (order 90) or loggers of
+    # the final epoch.
+    order = 100
     run_after = ("Recorder",)
 
     def __init__(
