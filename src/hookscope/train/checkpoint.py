@@ -48,8 +48,8 @@ class CheckpointError(RuntimeError):
 
 
 def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
-    """Every RNG state as tensors and plain values: python ``random``, numpy, torch CPU, CUDA (when
-    present) and the named ``generators`` (a DataLoader's, a sampler's, the Learner's own)."""
+    """Every RNG state as tensors and plain values: python ``random``, numpy, torch CPU, CUDA (when in
+    use) and the named ``generators`` (a DataLoader's, a sampler's)."""
     version, mt_state, gauss_next = random.getstate()
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state: dict[str, Any] = {
@@ -64,7 +64,7 @@ def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict
         "torch": torch.get_rng_state(),
         "generators": {name: gen.get_state() for name, gen in (generators or {}).items()},
     }
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # a run that never touched CUDA has no CUDA stream to keep
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -287,17 +287,18 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     """Write the model's weights (its ``state_dict``) as a safetensors file, atomically.
 
     safetensors holds tensors only, so the file is safe to share and loads without pickle:
-    ``model.load_state_dict(safetensors.torch.load_file(path))``. Tied weights are stored once per name.
+    ``model.load_state_dict(safetensors.torch.load_file(path))``. Tied weights are stored under each name.
     """
     from safetensors.torch import save as safetensors_bytes
 
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
+    storages: set[int] = set()
     for name, tensor in unwrap(model).state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
-        storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        tensors[name] = tensor.clone() if storage in seen or tensor.numel() == 0 else tensor
-        seen.add(storage)
+        storage = tensor.untyped_storage().data_ptr()
+        # safetensors refuses tensors sharing memory (tied weights, views of one buffer): copy the later ones
+        tensors[name] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
     data = safetensors_bytes(tensors, metadata={"format": "pt", "written_by": "hookscope"})
     return atomic_write(path, lambda file: file.write(data))
 
@@ -340,12 +341,14 @@ def current_position(learn: Learner) -> Position:
 
 
 def save_learner(learn: Learner, path: str | os.PathLike[str], position: Position | None = None) -> Path:
-    """Write the full state of ``learn`` to ``path`` atomically: model, optimizer, every callback's
-    ``state_dict`` (recorder history, schedulers, grad scaler, ...), every RNG, and the loop position."""
+    """Write the full state of ``learn`` to ``path`` atomically: model, pending gradients (mid
+    accumulation), optimizer, every callback's ``state_dict`` (recorder history, schedulers, grad scaler,
+    ...), every RNG, and the loop position."""
     position = position or current_position(learn)
     opt = learn.opt
     state = {
         "model": unwrap(learn.model).state_dict(),
+        "grads": _grads(learn.model),
         "optimizer": opt.state_dict() if opt is not None else None,
         "callbacks": _callback_states(learn),
         "position": {
@@ -368,6 +371,7 @@ def load_learner(learn: Learner, path: str | os.PathLike[str]) -> dict[str, Any]
     """
     state = load_checkpoint(path)
     load_model_state(unwrap(learn.model), state["model"], str(path))
+    _load_grads(learn.model, state["grads"])
     _load_callback_states(learn, state["callbacks"], str(path))
     _load_optimizer(learn, state)
     return state
@@ -381,6 +385,16 @@ def rng_generators(learn: Learner) -> dict[str, torch.Generator]:
             if all(gen is not g for g in found.values()):
                 found[f"{role}.{name}"] = gen
     return found
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Gradients not yet consumed by a step (mid gradient-accumulation); empty after ``zero_grad``."""
+    return {name: p.grad for name, p in unwrap(model).named_parameters() if p.grad is not None}
+
+
+def _load_grads(model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
+    for name, param in unwrap(model).named_parameters():
+        param.grad = grads[name].to(param.device, param.dtype) if name in grads else None
 
 
 def _load_optimizer(learn: Learner, state: Mapping[str, Any]) -> None:
@@ -462,6 +476,7 @@ class Resume:
                 stacklevel=3,
             )
         load_model_state(unwrap(learn.model), self.state["model"], self.source)
+        _load_grads(learn.model, self.state["grads"])
         _load_callback_states(learn, self.state["callbacks"], self.source)
         learn.train_iter = self.position.train_iter
         learn.training_step = self.position.training_step

@@ -182,6 +182,31 @@ def test_failed_write_during_fit_keeps_last_pt_loadable_and_resumable(
     assert all(torch.equal(a, b) for a, b in zip(one_cycle_reference, weights(resumed), strict=True))
 
 
+class SigintAtBatch(hs.Callback):
+    """Ctrl-C during the forward of training batch number ``n`` of the fit (counted from 0)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def after_pred(self):
+        if self.learn.training and self.learn.train_iter == self.n:
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_resume_in_the_middle_of_gradient_accumulation_is_bitwise_equal(tmp_path):
+    reference = tiny_learner([hs.callbacks.GradientAccumulation(2)])
+    reference.fit(2)
+
+    first = tiny_learner([hs.callbacks.GradientAccumulation(2), Checkpoint(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(2, cbs=[SigintAtBatch(2)])  # batch 2 is the first of a group: its gradient is pending
+    assert set(load_checkpoint(tmp_path / "last.pt")["grads"]) == {"0.weight", "0.bias", "3.weight", "3.bias"}
+
+    resumed = tiny_learner([hs.callbacks.GradientAccumulation(2), Checkpoint(tmp_path)], seed=4)
+    resumed.fit(2, resume="last")
+    assert all(torch.equal(a, b) for a, b in zip(weights(reference), weights(resumed), strict=True))
+
+
 # ---- Ctrl-C and failures (in process) ---------------------------------------------------------------
 
 
