@@ -78,11 +78,6 @@ class LRFinder(Callback):
     order = 60
     run_after = (ParamScheduler, LRScheduler)
 
-    @property
-    def name(self) -> str:
-        """``learn.lr_finder`` exists during a sweep: callbacks that should not run then can check it."""
-        return "lr_finder"
-
     def __init__(
         self,
         start_lr: float = 1e-7,
@@ -103,6 +98,11 @@ class LRFinder(Callback):
         self.beta = beta
         self._reset()
 
+    @property
+    def name(self) -> str:
+        """``learn.lr_finder`` exists during a sweep: callbacks that should not run then can check it."""
+        return "lr_finder"
+
     def before_fit(self) -> None:
         self._reset()
 
@@ -112,12 +112,12 @@ class LRFinder(Callback):
         lr = self.schedule(self.learn.train_iter / (self.num_it - 1))
         for group in self.learn.opt.param_groups:
             group["lr"] = lr
-        self.lrs.append(lr)
 
     def after_batch(self) -> None:
         if not self.learn.training or self.learn.loss is None:
             return
         loss = float(self.learn.loss.float().mean())
+        self.lrs.append(self.learn.opt.param_groups[0]["lr"])
         self.losses.append(loss)
         self._ema = self.beta * self._ema + (1 - self.beta) * loss
         smooth = self._ema / (1 - self.beta ** len(self.losses))
@@ -132,12 +132,11 @@ class LRFinder(Callback):
 
     def result(self) -> LRFindResult:
         """The recorded sweep with its suggestions."""
-        n = len(self.losses)
         return LRFindResult(
-            lrs=self.lrs[:n],
+            lrs=list(self.lrs),
             losses=list(self.losses),
             smoothed=list(self.smoothed),
-            suggestions=suggest_lrs(self.lrs[:n], self.smoothed),
+            suggestions=suggest_lrs(self.lrs, self.smoothed),
         )
 
     def _reset(self) -> None:
@@ -153,8 +152,8 @@ def suggest_lrs(lrs: list[float], smoothed: list[float]) -> dict[str, float]:
     lrs_arr, losses = _trimmed(np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float))
     if len(losses) < 2:
         raise ValueError(
-            f"lr_find: only {len(losses)} usable points in the sweep (the loss diverged at once); "
-            "lower start_lr or raise num_it"
+            f"lr_find: only {len(losses)} usable points in the sweep of {len(lrs)} batches (the loss was "
+            "non-finite or diverged early, or the batches have no targets); lower start_lr or raise num_it"
         )
     slopes = np.gradient(losses, np.log(lrs_arr))
     return {
