@@ -107,7 +107,7 @@ class Recorder(Callback):
             return
         if loss.ndim:
             loss = loss.mean()
-        size = len(learn.yb[0]) if learn.yb else len(learn.xb[0])
+        size = _batch_size(learn.yb[0] if learn.yb else learn.xb[0])
         self._phase_losses.append(loss)
         self._phase_sizes.append(size)
         if learn.training:
@@ -209,3 +209,8 @@ class Recorder(Callback):
     def _unmeasured_valid(self) -> dict[str, torch.Tensor]:
         nan = torch.tensor(math.nan, device=self.learn.device)
         return {"valid_loss": nan, **{name: nan for name in self.metric_names}}
+
+
+def _batch_size(item: Any) -> int:
+    """Samples in a batch item: the first dim of a tensor, else ``len`` (e.g. a list of strings)."""
+    return item.shape[0] if isinstance(item, torch.Tensor) else len(item)

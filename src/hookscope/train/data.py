@@ -95,15 +95,15 @@ class TensorBatches:
         order = torch.tensor(list(self.loader.sampler), dtype=torch.int64).to(self.device)
         for start in range(0, stop, size):
             index = order[start : start + size]
-            yield tuple(t[index] for t in self.tensors)
+            yield tuple(t.index_select(0, index) for t in self.tensors)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move the tensors of a batch to ``device`` asynchronously; tuples and lists come back as tuples."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, tuple | list):
-        return tuple(to_device(b, device) for b in batch)
+        return tuple([to_device(b, device) for b in batch])
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch

@@ -1,0 +1,57 @@
+"""Timing helpers shared by the benchmarks: alternating rounds, medians, optional peers, a printed table.
+
+Variants are run round-robin (A B C, B C A, C A B, ...) so that a slow spell of a shared machine hits
+every variant alike; each variant measures its own time and the median over rounds is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+from collections.abc import Callable
+from types import ModuleType
+
+
+def benchmark_args(description: str) -> argparse.Namespace:
+    """The common command line: ``--quick`` for a smoke run, ``--rounds N``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per variant; the median is reported")
+    return parser.parse_args()
+
+
+def optional_import(name: str) -> tuple[ModuleType | None, str]:
+    """``(module, "")`` or ``(None, reason)`` when the peer library is not installed or fails to import."""
+    try:
+        return importlib.import_module(name), ""
+    except Exception as exc:  # a broken peer install must not stop the other variants
+        return None, f"{name} not importable ({type(exc).__name__}: {exc}); pip install -e '.[bench]'"
+
+
+def run_alternating(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Run each variant ``rounds`` times, rotating the order every round; each call returns seconds."""
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(variants[name]())
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def format_table(
+    title: str, per_step_us: dict[str, float], baseline: str, skipped: dict[str, str] | None = None
+) -> str:
+    """A plain-text table: variant, µs per step, ratio to ``baseline``; skipped peers with their reason."""
+    lines = [title, f"  {'variant':<34}{'µs/step':>10}{'ratio':>9}"]
+    base = per_step_us[baseline]
+    for name, us in per_step_us.items():
+        lines.append(f"  {name:<34}{us:>10.1f}{us / base:>8.2f}x")
+    for name, reason in (skipped or {}).items():
+        lines.append(f"  {name:<34}{'skipped':>10}  {reason}")
+    return "\n".join(lines)
