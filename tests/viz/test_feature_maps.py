@@ -1,3 +1,7 @@
+import runpy
+import sys
+from pathlib import Path
+
 import matplotlib
 import pytest
 import torch
@@ -77,3 +81,15 @@ def test_failed_save_keeps_the_previous_file_and_no_temp_file(tmp_path):
         hs.viz.save_figure(broken, path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["maps.png"]
+
+
+@pytest.mark.slow  # builds a ResNet34 and draws 64 panels: ~2 s idle, ~10 s on a loaded 2-core box
+def test_example_script_writes_the_png_and_lists_36_convs(tmp_path, monkeypatch, capsys):
+    script = Path(__file__).parents[2] / "examples" / "feature_maps.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--out", str(tmp_path)])
+    runpy.run_path(str(script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["conv1", "(1,", "64,", "112,", "112)"]
+    assert "36 Conv2d outputs captured" in lines
+    with Image.open(tmp_path / "conv1_feature_maps.png") as image:
+        assert image.format == "PNG"
