@@ -4,6 +4,7 @@ This module only re-exports the public API; every name lives in the module named
 """
 
 from hookscope import metrics, viz
+from hookscope.callbacks.doctor import Finding, diagnose
 from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
@@ -40,6 +41,7 @@ __all__ = [
     "CaptureLimitError",
     "CheckpointError",
     "DataLoaders",
+    "Finding",
     "HookSet",
     "Learner",
     "NonFiniteReport",
@@ -51,6 +53,7 @@ __all__ = [
     "TensorStats",
     "__version__",
     "capture",
+    "diagnose",
     "export_safetensors",
     "find_nonfinite",
     "load_checkpoint",

@@ -4,6 +4,7 @@ from hookscope.callbacks.accumulate import GradientAccumulation
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.clip import GradientClip, GradientClipValue
 from hookscope.callbacks.cost import CallbackCost
+from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
@@ -28,6 +29,7 @@ __all__ = [
     "CallbackCost",
     "Checkpoint",
     "CosineAnnealing",
+    "Doctor",
     "EarlyStopping",
     "GradientAccumulation",
     "GradientClip",

@@ -1,0 +1,373 @@
+"""The Doctor's rules: plain functions from host-side statistics to :class:`Finding` objects.
+
+Each rule reads what :class:`~hookscope.callbacks.monitor.ActivationStats`,
+:class:`~hookscope.callbacks.monitor.GradientStats` and the Doctor itself recorded, and says in plain words
+what is wrong, where, since which step, and what usually fixes it. The thresholds live in
+:class:`Thresholds`; their defaults were chosen so that the healthy reference models (the digits CNN, an
+MLP, a ResNet18) stay quiet for a whole epoch while every fault of the catalogue is caught within a few
+steps (see docs/doctor.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hookscope.callbacks.monitor import ParamRecord, StepStats
+
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: ``kind`` (e.g. ``"dead_units"``), the qualified ``module`` name, the training ``step``
+    since which it holds, ``severity`` (info/warning/error), a plain-words ``message`` and the numbers
+    behind it (``evidence``)."""
+
+    kind: str
+    module: str
+    step: int
+    severity: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers for findings.json."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.kind}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a rule fires. ``patience``: consecutive recorded steps a condition must hold.
+
+    - ``dead_fraction``: share of a layer's units (channels, dim 1) whose output is exactly 0 for a whole
+      batch. Healthy ReLU layers stay well below 0.3.
+    - ``saturated_fraction`` of tanh/sigmoid outputs within ``saturation_margin`` of their bounds.
+    - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10).
+    - ``exploding_growth``: the gradient flowing out of a layer (RMS per value) over the one at the last
+      layer; a healthy initialisation keeps it near or below 1.
+    - ``vanishing_ratio``: a layer's gradient RMS (per value) below this fraction of the largest layer's.
+    - ``update_high`` / ``update_low``: ``||Δw|| / ||w||`` per step of weight matrices (healthy ~1e-3;
+      Adam at lr 1e-2 on a small layer gives ~5e-2).
+    - ``divergence_factor``: the loss (mean of ``loss_window`` steps) above this multiple of its best
+      value so far, and above its starting value.
+    """
+
+    patience: int = 3
+    dead_fraction: float = 0.5
+    saturated_fraction: float = 0.5
+    saturation_margin: float = 0.01
+    exploding_norm: float = 1e3
+    exploding_growth: float = 1e2
+    vanishing_ratio: float = 1e-4
+    update_high: float = 0.3
+    update_low: float = 1e-7
+    divergence_factor: float = 4.0
+    loss_window: int = 3
+
+
+def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:
+    """Layers whose units output exactly 0 for every example, for ``patience`` recorded steps in a row.
+
+    Only the first layer of a chain of dead layers is reported (a MaxPool or Flatten after a dead ReLU
+    is dead because of it).
+    """
+    findings: list[Finding] = []
+    previous_dead = False
+    names = list(history)
+    for i, (name, records) in enumerate(history.items()):
+        streak = _streak(records, lambda s: s.stats.dead_fraction() >= th.dead_fraction)
+        dead = len(streak) >= th.patience
+        if dead and not previous_dead:
+            fraction = records[-1].stats.dead_fraction()
+            since = streak[0].step
+            producer = names[i - 1] if i > 0 else None
+            feed = f" (its input comes from `{producer}`)" if producer else ""
+            findings.append(
+                Finding(
+                    "dead_units",
+                    name,
+                    since,
+                    "warning",
+                    f"layer `{name}`{feed} — {fraction:.0%} of units dead (exactly 0 for every example) "
+                    f"since step {since}. They pass no gradient, so they never recover on their own. Usual "
+                    "fixes: lower the learning rate, check the initialisation and biases of the layer "
+                    "before, use LeakyReLU/GELU, or add normalisation before the activation.",
+                    {
+                        "dead_fraction": fraction,
+                        "channels": int(records[-1].stats.channel_abs_max.size),
+                        "producer": producer,
+                    },
+                )
+            )
+        previous_dead = dead
+    return findings
+
+
+def saturation(
+    fractions: dict[str, list[tuple[int, float]]], kinds: dict[str, str], th: Thresholds
+) -> list[Finding]:
+    """tanh/sigmoid layers stuck at their bounds: ``fractions[name]`` is ``(step, saturated share)``."""
+    findings: list[Finding] = []
+    for name, records in fractions.items():
+        streak = _streak(records, lambda r: r[1] >= th.saturated_fraction)
+        if len(streak) < th.patience:
+            continue
+        since, share = streak[0][0], records[-1][1]
+        bounds = "-1 or +1" if kinds[name] == "tanh" else "0 or 1"
+        findings.append(
+            Finding(
+                "saturation",
+                name,
+                since,
+                "warning",
+                f"layer `{name}` ({kinds[name]}) — {share:.0%} of its outputs are within "
+                f"{th.saturation_margin} of {bounds} since step {since}; there the derivative is ~0 and "
+                "learning stalls. Usual fixes: normalise or rescale the inputs of the layer, add "
+                "BatchNorm/LayerNorm before it, lower the learning rate, or use ReLU-family activations.",
+                {"saturated_fraction": share, "activation": kinds[name]},
+            )
+        )
+    return findings
+
+
+def exploding_gradient(
+    layer_norms: dict[str, list[tuple[int, float]]],
+    output_grads: dict[str, list[StepStats]],
+    th: Thresholds,
+) -> list[Finding]:
+    """Where gradients blow up, by two signs, each searched from the loss backwards (model order reversed):
+
+    - the gradient flowing out of a layer is ``exploding_growth`` x larger (RMS per value) than at the
+      last layer, for ``patience`` steps: weights that amplify, layer after layer;
+    - the gradient norm of a layer's parameters exceeds ``exploding_norm``: a step far too large.
+    """
+    findings: list[Finding] = []
+    growth = _growth(output_grads)
+    growing = [
+        name
+        for name, records in growth.items()
+        if len(_streak(records, lambda r: r[1] > th.exploding_growth)) >= th.patience
+    ]
+    if growing:
+        first = growing[-1]
+        since = _streak(growth[first], lambda r: r[1] > th.exploding_growth)[0][0]
+        factor = growth[first][-1][1]
+        findings.append(
+            Finding(
+                "exploding_gradient",
+                first,
+                since,
+                "warning",
+                f"layer `{first}` — the gradient flowing out of it is {factor:.3g}x larger than at the "
+                f"output since step {since}: it grows layer after layer on its way back from the loss "
+                f"and blows up from here on ({len(growing)} layer(s)). Usual fixes: a smaller "
+                "initialisation (kaiming/xavier), normalisation layers, gradient clipping "
+                "(hs.callbacks.GradientClip), a lower learning rate.",
+                {"growth": factor, "layers": {n: growth[n][-1][1] for n in growing}},
+            )
+        )
+    large = [name for name, records in layer_norms.items() if records and records[-1][1] > th.exploding_norm]
+    if large:
+        first = large[-1]
+        since = _streak(layer_norms[first], lambda r: r[1] > th.exploding_norm)[0][0]
+        norm = layer_norms[first][-1][1]
+        severity = "error" if not math.isfinite(norm) or norm > th.exploding_norm * 1e3 else "warning"
+        others = [n for n in large if n != first]
+        also = f"; earlier layers too ({', '.join(f'`{n}`' for n in others[:5])})" if others else ""
+        findings.append(
+            Finding(
+                "exploding_gradient",
+                first,
+                since,
+                severity,
+                f"layer `{first}` — gradient norm of its parameters {norm:.3g} since step {since} (above "
+                f"{th.exploding_norm:g}){also}. Usual fixes: a lower learning rate, gradient clipping "
+                "(hs.callbacks.GradientClip), normalisation layers.",
+                {"grad_norm": norm, "layers": {n: layer_norms[n][-1][1] for n in large}},
+            )
+        )
+    return findings
+
+
+def vanishing_gradient(layer_rms: dict[str, list[tuple[int, float]]], th: Thresholds) -> list[Finding]:
+    """Layers (reported by the earliest) whose gradient RMS stays below ``vanishing_ratio`` x the largest."""
+    steps = min((len(r) for r in layer_rms.values()), default=0)
+    if steps < th.patience or len(layer_rms) < 2:
+        return []
+    vanishing: list[str] = []
+    for name, records in layer_rms.items():
+        recent = range(-th.patience, 0)
+        if all(0.0 < records[k][1] < th.vanishing_ratio * _largest(layer_rms, k) for k in recent):
+            vanishing.append(name)
+    if not vanishing:
+        return []
+    first = vanishing[0]
+    since = layer_rms[first][-th.patience][0]
+    ratio = layer_rms[first][-1][1] / max(_largest(layer_rms, -1), 1e-300)
+    return [
+        Finding(
+            "vanishing_gradient",
+            first,
+            since,
+            "warning",
+            f"layer `{first}` — gradient {ratio:.1e} times the largest layer's since step {since}; "
+            f"{len(vanishing)} layer(s) barely learn ({', '.join(f'`{n}`' for n in vanishing[:5])}). "
+            "Usual fixes: ReLU-family activations instead of sigmoid/tanh, residual connections, "
+            "normalisation layers, a proper initialisation (kaiming/xavier), or a shallower model.",
+            {"ratio_to_largest": ratio, "layers": vanishing},
+        )
+    ]
+
+
+def no_gradient(params: dict[str, list[ParamRecord]], th: Thresholds) -> list[Finding]:
+    """Trainable parameters that never received a gradient (unused or detached branch), per module."""
+    missing: dict[str, list[str]] = {}
+    for name, records in params.items():
+        if len(records) >= th.patience and all(r.grad_norm is None for r in records):
+            missing.setdefault(_module_of(name), []).append(name)
+    return [
+        Finding(
+            "no_gradient",
+            module,
+            params[names[0]][0].step,
+            "warning",
+            f"`{module}` — trainable parameter(s) {', '.join(f'`{n}`' for n in names)} never received a "
+            f"gradient in {len(params[names[0]])} recorded steps: the module is unused, or its output "
+            "is detached (.detach(), .item(), numpy, torch.no_grad) before the loss. Usual fixes: connect "
+            "it to the loss, or set requires_grad=False / remove it if it is not meant to train.",
+            {"parameters": names},
+        )
+        for module, names in missing.items()
+    ]
+
+
+def update_ratio(params: dict[str, list[ParamRecord]], matrices: set[str], th: Thresholds) -> list[Finding]:
+    """Weight matrices whose update-to-weight ratio stays far from ~1e-3 for ``patience`` steps."""
+    findings: list[Finding] = []
+    for name in (n for n in params if n in matrices):
+        ratios = [r.update_ratio for r in params[name] if r.update_ratio is not None and r.grad_norm]
+        if len(ratios) < th.patience:
+            continue
+        recent = sorted(ratios[-th.patience :])[th.patience // 2]
+        if th.update_low <= recent <= th.update_high:
+            continue
+        too = "large" if recent > th.update_high else "small"
+        fix = (
+            "lower the learning rate or add warm-up"
+            if too == "large"
+            else "raise the learning rate, or check that this layer is in the optimizer"
+        )
+        findings.append(
+            Finding(
+                "update_ratio",
+                _module_of(name),
+                params[name][-th.patience].step,
+                "warning",
+                f"`{name}` — each step changes it by {recent:.1e} of its size (a healthy rate is about "
+                f"1e-3): updates are too {too}. Usual fix: {fix}.",
+                {"update_ratio": recent, "parameter": name},
+            )
+        )
+    return findings
+
+
+def loss_divergence(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Finding]:
+    """The smoothed training loss rose far above its best value and above where it started."""
+    w = th.loss_window
+    values = [v for _, v in losses]
+    if len(values) < 2 * w or not all(math.isfinite(v) for v in values):
+        return []
+    means = [sum(values[i : i + w]) / w for i in range(len(values) - w + 1)]
+    start, best = means[0], means[0]
+    for i, mean in enumerate(means):
+        best = min(best, mean)
+        if mean > th.divergence_factor * best and mean > start:
+            step = losses[i + w - 1][0]
+            return [
+                Finding(
+                    "loss_divergence",
+                    "",
+                    step,
+                    "error",
+                    f"the training loss diverges — {mean:.3g} at step {step}, {mean / best:.1f}x its best "
+                    f"{best:.3g} and above its start {start:.3g}. Usual fixes: lower the learning rate "
+                    "(try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
+                    {"loss": mean, "best": best, "start": start},
+                )
+            ]
+    return []
+
+
+def frozen(frozen_params: dict[str, int], trainable: int) -> list[Finding]:
+    """Modules holding parameters with ``requires_grad=False``: reported once, as information."""
+    if not frozen_params:
+        return []
+    total = sum(frozen_params.values())
+    names = ", ".join(f"`{n}`" for n in list(frozen_params)[:5])
+    more = f" and {len(frozen_params) - 5} more" if len(frozen_params) > 5 else ""
+    return [
+        Finding(
+            "frozen",
+            next(iter(frozen_params)),
+            0,
+            "info",
+            f"{total:,} parameter values are frozen (requires_grad=False) in {names}{more}, next to "
+            f"{trainable:,} trainable ones. Fine for fine-tuning a pretrained backbone; if you meant to "
+            "train them, set requires_grad=True before creating the optimizer.",
+            {"modules": dict(frozen_params), "trainable": trainable},
+        )
+    ]
+
+
+def nonfinite(report: Any, step: int, reason: str | None) -> list[Finding]:
+    """The NonFiniteGuard's blame as a finding."""
+    return [
+        Finding(
+            "nonfinite",
+            report.module or "",
+            step,
+            "error",
+            f"training stopped at step {step}: the {reason or 'value'} became NaN/Inf. {report}",
+            {**report.to_dict(), "reason": reason},
+        )
+    ]
+
+
+def _streak(records: Sequence[Any], condition: Any) -> list[Any]:
+    """The longest run of records at the END of ``records`` that satisfy ``condition``."""
+    n = 0
+    for record in reversed(records):
+        if not condition(record):
+            break
+        n += 1
+    return list(records[len(records) - n :])
+
+
+def _growth(output_grads: dict[str, list[StepStats]]) -> dict[str, list[tuple[int, float]]]:
+    """Per layer, ``(step, RMS of its output gradient / RMS at the last layer)`` for the common steps."""
+    rms = {
+        name: {r.step: math.hypot(r.stats.mean, r.stats.std) for r in records if r.stats.finite}
+        for name, records in output_grads.items()
+    }
+    rms = {name: values for name, values in rms.items() if values}
+    if len(rms) < 2:
+        return {}
+    last = rms[list(rms)[-1]]
+    return {
+        name: [(step, v / last[step]) for step, v in sorted(values.items()) if last.get(step, 0.0) > 0.0]
+        for name, values in rms.items()
+    }
+
+
+def _largest(layer_rms: dict[str, list[tuple[int, float]]], k: int) -> float:
+    return max(records[k][1] for records in layer_rms.values())
+
+
+def _module_of(param_name: str) -> str:
+    return param_name.rpartition(".")[0]

@@ -1,0 +1,85 @@
+"""Small models with one injected fault each, and the digits data they train on (shared by the tests)."""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+from hookscope.data.digits import digits_tensors
+
+
+def digits_flat(scale: float = 1.0, zero_row: int | None = None) -> hs.DataLoaders:
+    """Flattened 8x8 digits (64 features) in a fixed order, batches of 64."""
+    x, y, _, _ = digits_tensors()
+    x = x.flatten(1) * scale
+    if zero_row is not None:
+        x[zero_row] = 0.0
+    return hs.DataLoaders(DataLoader(TensorDataset(x, y), batch_size=64), None)
+
+
+def mlp(depth: int, width: int = 64, act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """``depth`` Linear layers (64 -> width ... -> 10) with ``act`` between them."""
+    layers: list[nn.Module] = [nn.Linear(64, width), act()]
+    for _ in range(depth - 2):
+        layers += [nn.Linear(width, width), act()]
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers)
+
+
+class LogAct(nn.Module):
+    """log(x): NaN for the negative half of its inputs."""
+
+    def forward(self, x):
+        return torch.log(x)
+
+
+class SqrtAbs(nn.Module):
+    """|x| as sqrt(x*x): finite forward, infinite derivative where x == 0."""
+
+    def forward(self, x):
+        return torch.sqrt(x * x)
+
+
+class Branches(nn.Module):
+    """``unused`` never runs; ``aux`` runs but its output is detached before the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(64, 10)
+        self.unused = nn.Linear(64, 10)
+        self.aux = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.body(x) + 0.0 * self.aux(x).detach()
+
+
+class StopAfter(hs.Callback):
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def after_batch(self):
+        if self.learn.training and self.learn.training_step >= self.steps:
+            raise hs.CancelFitException()
+
+
+def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, **doctor_kw):
+    """Fit ``model`` for at most ``steps`` steps with a quiet Doctor; returns the Learner."""
+    doctor = hs.callbacks.Doctor(quiet=True, check_every=3, **doctor_kw)
+    learn = hs.Learner(
+        model,
+        dls or digits_flat(),
+        nn.CrossEntropyLoss(),
+        opt_func=opt_func,
+        lr=lr,
+        cbs=[doctor],
+        progress=False,
+    )
+    learn.fit(1, cbs=[StopAfter(steps)])
+    return learn
+
+
+def kinds(learn) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for f in learn.doctor.findings:
+        found.setdefault(f.kind, []).append(f)
+    return found
