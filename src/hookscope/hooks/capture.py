@@ -172,47 +172,49 @@ class Capture:
             self._running.setdefault(name, []).append(call)
         inputs = _inputs_value(args, kwargs)
         if "input" in self.kinds:
-            self._store(Record(name, call, "input", _map_tensors(self._keep, inputs)), name, "input")
+            self._store(name, call, "input", inputs)
         if "grad_input" in self.kinds:
             self._watch_grads(name, call, "grad_input", inputs)
 
     def _after(self, name: str, output: Any) -> None:
         call = self._running[name].pop()
         if "output" in self.kinds:
-            self._store(Record(name, call, "output", _map_tensors(self._keep, output)), name, "output")
+            self._store(name, call, "output", output)
         if "grad_output" in self.kinds:
             self._watch_grads(name, call, "grad_output", output)
 
     def _watch_grads(self, name: str, call: int, kind: str, value: Any) -> None:
         tensors = [t for t in _flatten_tensors(value) if t.requires_grad]
         if len(tensors) == 1:
-            self._hooks.tensor(tensors[0], self._guarded(lambda g: self._store_grad(name, call, kind, g)))
+            self._hooks.tensor(tensors[0], self._guarded(lambda g: self._store(name, call, kind, g)))
             return
         slots: list[Any] = [None] * len(tensors)
         for i, tensor in enumerate(tensors):
             hook = self._guarded(lambda g, i=i: self._store_grad_slot(name, call, kind, slots, i, g))
             self._hooks.tensor(tensor, hook)
 
-    def _store_grad(self, name: str, call: int, kind: str, grad: torch.Tensor) -> None:
-        self._store(Record(name, call, kind, self._keep(grad)), name, kind)
-
     def _store_grad_slot(
         self, name: str, call: int, kind: str, slots: list[Any], i: int, grad: torch.Tensor
     ) -> None:
         # The record enters at the first gradient of this call (its firing position); later ones fill in.
         first = all(slot is None for slot in slots)
-        kept = self._keep(grad)
-        self._check_bound(_nbytes(kept), name, kind)
-        slots[i] = kept
-        self.nbytes += _nbytes(kept)
+        slots[i] = self._kept_within_bound(name, kind, grad)
         if first:
             self._records.append(Record(name, call, kind, slots))
 
-    def _store(self, record: Record, name: str, kind: str) -> None:
-        size = _nbytes(record.value)
+    def _store(self, name: str, call: int, kind: str, value: Any) -> None:
+        self._records.append(Record(name, call, kind, self._kept_within_bound(name, kind, value)))
+
+    def _kept_within_bound(self, name: str, kind: str, value: Any) -> Any:
+        """Copy (or reduce) every tensor of ``value``, counting the bytes against ``max_bytes``."""
+        if self.reduce is None:
+            # a copy is as large as its source: refuse before allocating it, not after
+            self._check_bound(_nbytes(value), name, kind)
+        kept = _map_tensors(self._keep, value)
+        size = _nbytes(kept)
         self._check_bound(size, name, kind)
         self.nbytes += size
-        self._records.append(record)
+        return kept
 
     def _check_bound(self, size: int, name: str, kind: str) -> None:
         if self.max_bytes is None or self.nbytes + size <= self.max_bytes:
