@@ -73,7 +73,7 @@ class Capture:
         self._n_calls: dict[str, int] = {}
         self._running: dict[str, list[int]] = {}
         self._hooks = HookSet()
-        self._offloaded_from_cuda = False
+        self._pending_offload: set[torch.device] = set()
         modules = select(model, spec)
         _refuse_compiled(model, modules)
         try:
@@ -233,17 +233,17 @@ class Capture:
             return value
         if self.to is not None:
             from_cuda = value.is_cuda and self.to.type == "cpu"
-            self._offloaded_from_cuda = self._offloaded_from_cuda or from_cuda
+            if from_cuda:
+                self._pending_offload.add(value.device)
             value = value.to(self.to, non_blocking=from_cuda)
-        if _shares_memory(value, source):
+        if _may_share_memory(value, source):
             value = value.clone()
         return value
 
     def _wait_for_offload(self) -> None:
         # Non-blocking device-to-host copies are only complete once the device has caught up.
-        if self._offloaded_from_cuda:
-            torch.cuda.synchronize()
-            self._offloaded_from_cuda = False
+        while self._pending_offload:
+            torch.cuda.synchronize(self._pending_offload.pop())
 
     def _one_kind(self, kind: str | None, name: str) -> str:
         if kind is None and len(self.kinds) == 1:
@@ -357,7 +357,10 @@ def _nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in _flatten_tensors(value))
 
 
-def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device or a.layout != torch.strided or b.layout != torch.strided:
+def _may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """False only when ``a`` provably owns its memory (another device, or another storage)."""
+    if a.device != b.device:
         return False
+    if a.layout != torch.strided or b.layout != torch.strided or a.device.type == "meta":
+        return True
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
