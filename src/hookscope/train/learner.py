@@ -22,6 +22,7 @@ from hookscope.callbacks.lr_finder import LRFindResult, find_lr
 from hookscope.callbacks.progress import ProgressBar
 from hookscope.callbacks.recorder import Recorder
 from hookscope.callbacks.schedule import OneCycle
+from hookscope.hooks.summary import Summary, summary
 from hookscope.train import checkpoint
 from hookscope.train.callback import Callback, dispatch_table, sort_callbacks
 from hookscope.train.data import DataLoaders, TensorBatches, as_dataloaders, can_batch_in_memory, to_device
@@ -179,6 +180,19 @@ class Learner:
         """Sweep the lr exponentially and return the losses and a suggested lr (``.suggested_lr``,
         ``.plot()``); the weights and optimizer state are restored afterwards."""
         return find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
+
+    def summary(self, depth: int | None = None) -> Summary:
+        """``hs.summary`` of the model on the inputs of one training batch. No callback runs, and the RNG
+        state (global and the loader's generator) is left as it was, so a later ``fit`` is unchanged."""
+        generator = getattr(self.dls.train, "generator", None)
+        loader_rng = generator.get_state() if generator is not None else None
+        with torch.random.fork_rng(devices=[]):
+            batch = next(iter(self._batches(self.dls.train)), None)
+        if loader_rng is not None:
+            generator.set_state(loader_rng)
+        if batch is None:
+            raise ValueError("Learner.summary: the training loader yielded no batch; give it some data")
+        return summary(self.model, split_batch(batch)[0], depth=depth)
 
     def _do_fit(self) -> None:
         start = self._resume.after_before_fit(self) if self._resume else 0
