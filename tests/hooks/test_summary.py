@@ -353,3 +353,40 @@ def test_not_a_module_and_wrong_device_are_explained():
         hs.summary(lambda x: x, input_size=(1, 4))
     with pytest.raises(ValueError, match=r"model is on cpu but device=cuda.*model.to\('cuda'\)"):
         hs.summary(nn.Linear(4, 2), input_size=(1, 4), device="cuda")
+
+
+class EventLog(hs.Callback):
+    """Records every event that reaches it (Learner.summary must fire none)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def before_fit(self) -> None:
+        self.events.append("before_fit")
+
+    def before_batch(self) -> None:
+        self.events.append("before_batch")
+
+    def after_pred(self) -> None:
+        self.events.append("after_pred")
+
+
+def test_learner_summary_uses_one_training_batch_and_fires_no_callback():
+    from hookscope.data.digits import digits_loaders
+    from hookscope.models import digits_cnn
+
+    torch.manual_seed(0)
+    train_dl, valid_dl = digits_loaders(batch_size=32)
+    log = EventLog()
+    learn = hs.Learner(digits_cnn(), (train_dl, valid_dl), nn.CrossEntropyLoss(), cbs=[log], progress=False)
+    loader_state = train_dl.generator.get_state()
+    rng_state = torch.get_rng_state()
+    s = learn.summary()
+    assert s.rows[0].input_shapes == [(32, 1, 8, 8)]
+    assert s.rows[0].output_shapes == [(32, 10)]
+    assert s.total_params == sum(p.numel() for p in learn.model.parameters())
+    assert log.events == []
+    assert learn.model.training
+    assert torch.equal(train_dl.generator.get_state(), loader_state)
+    assert torch.equal(torch.get_rng_state(), rng_state)
+    assert [row.depth for row in learn.summary(depth=1).rows] == [0, 1, 1]
