@@ -19,11 +19,12 @@ from hookscope.callbacks import (
 N_BATCHES = 7  # batches per epoch: with 3 epochs, 21 steps, so pct_start * total is not an integer
 
 
-def _learner(opt_func=torch.optim.AdamW, lr=1e-3, cbs=(), model=None):
+def _learner(opt_func=torch.optim.AdamW, lr=1e-3, cbs=(), model=None, seed=0):
     torch.manual_seed(0)
     x = torch.randn(8 * N_BATCHES, 4)
     y = x @ torch.randn(4, 1)
     dl = DataLoader(TensorDataset(x, y), batch_size=8)
+    torch.manual_seed(seed)
     model = model or nn.Linear(4, 1)
     return hs.Learner(model, (dl, dl), nn.MSELoss(), opt_func=opt_func, lr=lr, cbs=cbs, progress=False)
 
@@ -244,3 +245,60 @@ def test_one_cycle_rejects_bad_arguments():
         OneCycle(0.1, pct_start=1.5)
     with pytest.raises(ValueError, match="anneal_strategy"):
         OneCycle(0.1, anneal_strategy="exp")
+
+
+class StopAfterStep(hs.Callback):
+    """Ends the fit after training step ``step`` (counted from 1), after the checkpoint was written."""
+
+    order = 200
+
+    def __init__(self, step):
+        self.step = step
+
+    def after_batch(self):
+        if self.learn.training and self.learn.training_step == self.step:
+            raise hs.CancelFitException()
+
+
+def _weights(learn):
+    return [p.detach().clone() for p in learn.model.parameters()]
+
+
+def test_one_cycle_with_fp16_and_clipping_resumes_mid_epoch_exactly(tmp_path):
+    def cbs():
+        return [hs.callbacks.MixedPrecision(torch.float16), hs.callbacks.GradientClip(0.5)]
+
+    reference = _learner(cbs=cbs())
+    reference.fit_one_cycle(2, 0.05)
+
+    first = _learner(cbs=[*cbs(), hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)])
+    first.fit_one_cycle(2, 0.05, cbs=[StopAfterStep(N_BATCHES + 3)])
+    assert first.training_step == N_BATCHES + 3
+
+    # Another initialisation: only a real resume can end at the reference's weights.
+    resumed = _learner(cbs=[*cbs(), hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)], seed=7)
+    resumed.fit_one_cycle(2, 0.05, resume="last")
+    assert resumed.recorder.lrs == pytest.approx(reference.recorder.lrs, rel=1e-12)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(reference), _weights(resumed), strict=True))
+
+
+def test_lr_scheduler_resumes_its_torch_scheduler_exactly(tmp_path):
+    def factory(opt):
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+
+    reference = _learner(opt_func=torch.optim.SGD, lr=0.05)
+    reference.fit(2, cbs=[LRScheduler(factory)])
+
+    first = _learner(
+        opt_func=torch.optim.SGD, lr=0.05, cbs=[hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)]
+    )
+    first.fit(2, cbs=[LRScheduler(factory), StopAfterStep(5)])
+
+    resumed = _learner(
+        opt_func=torch.optim.SGD, lr=0.05, cbs=[hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)]
+    )
+    cb = LRScheduler(factory)
+    resumed.fit(2, cbs=[cb], resume="last")
+    assert cb.scheduler.last_epoch == 2 * N_BATCHES
+    assert resumed.recorder.lrs == pytest.approx(reference.recorder.lrs, rel=1e-12)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(reference), _weights(resumed), strict=True))

@@ -178,7 +178,9 @@ class LRScheduler(Callback):
     scheduler already built on ``learn.opt``. ``interval="step"`` steps after every optimizer step;
     ``"epoch"`` after every epoch. ``ReduceLROnPlateau`` is stepped with the latest epoch's ``monitor``
     value from ``learn.recorder.history``.
-    The scheduler's state is part of :meth:`state_dict`, so checkpoints resume it.
+    A factory is called at the first ``fit`` (and again if ``learn.opt`` was replaced); later fits
+    continue the same scheduler, as a hand-written loop would. The scheduler's state is part of
+    :meth:`state_dict`, so checkpoints resume it.
     """
 
     order = 60
