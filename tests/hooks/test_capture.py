@@ -86,6 +86,18 @@ def test_grad_input_equals_autograd_of_the_input():
     assert [(r.name, r.kind) for r in cap.records][:2] == [("2", "grad_output"), ("2", "grad_input")]
 
 
+def test_grad_input_of_an_inplace_module_is_the_gradient_of_what_it_received():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
+    x = torch.randn(8, 3)
+    hidden = model[0](x)
+    (expected,) = torch.autograd.grad(model[2](torch.relu(hidden)).sum(), hidden)
+    with hs.capture(model, "1", what="grad_input") as cap:
+        model(x).sum().backward()
+    torch.testing.assert_close(cap["1"], expected)
+    assert (cap["1"][hidden < 0] == 0).all() and (cap["1"] != 0).any()
+
+
 def test_records_follow_firing_order_for_several_kinds():
     model = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
     with hs.capture(model, what=("input", "output")) as cap:
@@ -128,6 +140,51 @@ def test_to_cpu_and_reduce(resnet18_eval, china_224):
     assert cap["conv1"].shape == (1, 64) and cap["conv1"].device.type == "cpu"
     torch.testing.assert_close(cap["conv1"], expected)
     assert len(cap) == 20
+
+
+def test_to_cpu_from_cpu_is_still_a_copy():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    with torch.no_grad():
+        model[0].weight.copy_(-torch.eye(2))
+        model[0].bias.zero_()
+    with torch.no_grad(), hs.capture(model, "0", to="cpu") as cap:
+        model(torch.tensor([[1.0, 2.0]]))
+    assert cap["0"].tolist() == [[-1.0, -2.0]]
+
+
+def test_reduce_may_return_anything():
+    model = nn.Sequential(nn.Linear(2, 3))
+    with hs.capture(model, reduce=lambda t: tuple(t.shape)) as cap:
+        model(torch.zeros(5, 2))
+    assert cap["0"] == (5, 3) and cap.nbytes == 0
+
+
+def test_inputs_with_keyword_arguments():
+    class Scale(nn.Module):
+        def forward(self, x, factor=1.0, *, bias):
+            return x * factor + bias
+
+    model = nn.Sequential()
+    model.add_module("scale", Scale())
+    with hs.capture(model, "scale", what="input") as cap:
+        model.scale(torch.ones(2), 3.0, bias=torch.zeros(2))
+    x, factor, kwargs = cap["scale"]
+    assert x.tolist() == [1.0, 1.0] and factor == 3.0 and kwargs["bias"].tolist() == [0.0, 0.0]
+
+
+def test_user_hooks_survive_and_nested_captures_both_record():
+    model = nn.Sequential(nn.Linear(2, 2))
+    seen = []
+    handle = model[0].register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    with hs.capture(model) as outer:
+        with hs.capture(model, what="input") as inner:
+            model(torch.zeros(1, 2))
+        model(torch.zeros(1, 2))
+    assert len(outer) == 2 and len(inner) == 1
+    assert len(model[0]._forward_hooks) == 1
+    model(torch.zeros(1, 2))
+    assert len(seen) == 3
+    handle.remove()
 
 
 def test_reduce_returning_a_view_is_still_a_copy():
@@ -358,7 +415,9 @@ def _exploding_reduce(t):
     blueprint=_blueprints(),
     spec_choice=st.sampled_from(["none", "linear", "types", "glob", "names", "predicate"]),
     what=st.sampled_from(["output", "input", ("output", "grad_output"), ("grad_input", "grad_output")]),
-    failure=st.sampled_from(["none", "before_backward", "after_backward", "in_hook", "max_bytes"]),
+    failure=st.sampled_from(
+        ["none", "in_forward", "before_backward", "after_backward", "in_hook", "max_bytes"]
+    ),
     data=st.data(),
 )
 def test_no_hook_survives_a_capture(blueprint, spec_choice, what, failure, data):
@@ -372,7 +431,8 @@ def test_no_hook_survives_a_capture(blueprint, spec_choice, what, failure, data)
         "names": data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True)),
         "predicate": lambda name, m: name.count(".") == 1,
     }[spec_choice]
-    x = torch.randn(3, 4, requires_grad=True)
+    # a wrong feature size makes the first Linear raise halfway through the forward
+    x = torch.randn(3, 5 if failure == "in_forward" else 4, requires_grad=True)
     raw: list[torch.Tensor] = [x]
     with hs.HookSet() as spy:
         for _, module in model.named_modules():
@@ -389,7 +449,10 @@ def test_no_hook_survives_a_capture(blueprint, spec_choice, what, failure, data)
                 out.sum().backward()
                 if failure == "after_backward":
                     raise Boom("in the with-block")
-        except (Boom, hs.CaptureLimitError, hs.SelectionError):
+        except (Boom, hs.CaptureLimitError, hs.SelectionError) as err:
+            assert failure != "none" or isinstance(err, hs.SelectionError)
+        except RuntimeError as err:
+            assert failure == "in_forward", err
             pass
     assert _hook_count(model) == 0
     assert all(not t._backward_hooks for t in raw)
