@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -101,7 +101,7 @@ class Summary:
         status = f", failed in {self.failed_module!r}" if self.failed_module is not None else ""
         return (
             f"Summary({self.model_type}, {len(self.rows)} rows, {self.total_params:,} params, "
-            f"{_human(self.total_macs)}MACs{status})"
+            f"{_human(self.total_macs, 'MACs')}{status})"
         )
 
     def _table(self) -> Table:
@@ -123,10 +123,10 @@ class Summary:
             f"Trainable params: {self.trainable_params:,}",
             f"Non-trainable params: {self.non_trainable_params:,}",
             f"Total MACs: {_human(self.total_macs)}",
-            f"Params size: {_human_bytes(self.param_bytes)}",
-            f"Buffers: {self.buffer_elements:,} elements, {_human_bytes(self.buffer_bytes)}",
-            f"Input size: {_human_bytes(self.input_bytes)}",
-            f"Forward activations (estimate): {_human_bytes(self.activation_bytes)}",
+            f"Params size: {_human(self.param_bytes, 'B')}",
+            f"Buffers: {self.buffer_elements:,} elements, {_human(self.buffer_bytes, 'B')}",
+            f"Input size: {_human(self.input_bytes, 'B')}",
+            f"Forward activations (estimate): {_human(self.activation_bytes, 'B')}",
         ]
         if self.failed_module is not None:
             lines.append(f"Forward failed in: {self.failed_module or '(the model itself)'}")
@@ -168,7 +168,8 @@ def summary(
             except Exception as exc:
                 partial = _build(model, tracer, depth, args, kw)
                 _add_note(exc, _failure_note(tracer, partial))
-                exc.summary = partial  # type: ignore[attr-defined]
+                with suppress(AttributeError):  # an exception type with __slots__ cannot carry it
+                    exc.summary = partial  # type: ignore[attr-defined]
                 raise
     return _build(model, tracer, depth, args, kw)
 
@@ -534,12 +535,9 @@ def _format_shapes(shapes: list[Shape], limit: int = 3) -> str:
     return shown + (f", … (+{len(shapes) - limit})" if len(shapes) > limit else "")
 
 
-def _human(n: int) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+def _human(n: int, unit: str = "") -> str:
+    """``3.66 G``, ``87.19 MB``, ``96``: decimal prefixes, as torchinfo prints them."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} "
-
-
-def _human_bytes(n: int) -> str:
-    return f"{_human(n)}B"
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n} {unit}".rstrip()
