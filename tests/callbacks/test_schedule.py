@@ -151,6 +151,14 @@ def test_param_scheduler_names_the_missing_hyper_parameter():
         learn.fit(1, cbs=[ParamScheduler({"betas2": sched_const(0.9)})])
 
 
+def test_one_cycle_on_an_optimizer_without_momentum_says_how_to_proceed():
+    learn = _learner(opt_func=torch.optim.Adagrad)
+    with pytest.raises(ValueError, match=r"Adagrad param groups have no 'momentum' \(for OneCycle: cycle_m"):
+        learn.fit_one_cycle(1)
+    learn.fit_one_cycle(1, cycle_momentum=False)
+    assert learn.opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 25 / 1e4)
+
+
 def test_param_scheduler_rejects_one_schedule_list_per_wrong_group_count():
     learn = _learner()
     with pytest.raises(ValueError, match="2 schedules for 'lr' but the optimizer has 1 param groups"):

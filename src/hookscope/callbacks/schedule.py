@@ -296,8 +296,9 @@ def _check_hyper(name: str, groups: list[dict[str, Any]], who: str, opt_name: st
         return
     if name in group and name != "params":
         return
-    keys = ", ".join(k for k in group if k != "params")
-    raise ValueError(f"{who}: {opt_name} param groups have no {name!r}; schedule one of: {keys}")
+    keys = ", ".join(k for k in group if k != "params" and isinstance(group[k], (int, float)))
+    hint = " (for OneCycle: cycle_momentum=False)" if name == "momentum" else ""
+    raise ValueError(f"{who}: {opt_name} param groups have no {name!r}{hint}; schedule one of: {keys}")
 
 
 def _set_hyper(group: dict[str, Any], name: str, value: float) -> None:
