@@ -120,6 +120,20 @@ def test_autocast_is_left_when_the_forward_fails():
     assert not torch.is_autocast_enabled("cpu")
 
 
+def test_a_fit_stopped_after_the_unscale_leaves_the_scaler_ready_for_the_next_fit():
+    class StopAtStep(hs.Callback):
+        order = 50  # after MixedPrecision has unscaled the gradients
+
+        def before_step(self):
+            raise hs.CancelFitException()
+
+    precision = MixedPrecision(torch.float16)
+    learn = _learner([precision])
+    learn.fit(1, cbs=[StopAtStep()])
+    learn.fit(1)  # a stale unscale would make GradScaler raise here
+    assert learn.training_step == 4
+
+
 def test_scaler_state_round_trips_through_state_dict():
     first = MixedPrecision(torch.float16, init_scale=2.0**80)
     _learner([first]).fit(1)

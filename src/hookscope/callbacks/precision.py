@@ -93,14 +93,13 @@ class MixedPrecision(Callback):
             raise CancelStepException()
 
     def after_batch(self) -> None:
-        self._leave_autocast()
-        if self._update_pending:
-            self._update_pending = False
-            self.scaler.update()
+        self._settle()
+
+    def after_fit(self) -> None:
+        self._settle()
 
     def on_failure(self, exc: BaseException) -> None:
-        self._leave_autocast()
-        self._update_pending = False
+        self._settle()
 
     def state_dict(self) -> dict[str, Any]:
         scaler_state = self.scaler.state_dict() if self.scaler is not None else self._pending_state
@@ -117,6 +116,15 @@ class MixedPrecision(Callback):
             self._pending_state = scaler_state
             return
         self.scaler.load_state_dict(scaler_state)
+
+    def _settle(self) -> None:
+        """End the batch's mixed-precision state however the batch ended (normally, cancelled, stopped
+        or failed): autocast off, and the scale updated once the gradients were unscaled — GradScaler
+        refuses a second unscale before an update, so a stale one would break the next step."""
+        self._leave_autocast()
+        if self._update_pending:
+            self._update_pending = False
+            self.scaler.update()
 
     def _leave_autocast(self) -> None:
         if self._autocast is None:
