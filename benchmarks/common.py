@@ -9,16 +9,27 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
+import time
 from collections.abc import Callable
 from types import ModuleType
 
 
 def benchmark_args(description: str) -> argparse.Namespace:
-    """The common command line: ``--quick`` for a smoke run, ``--rounds N``."""
+    """The common command line: ``--quick`` for a smoke run, ``--rounds N``, ``--clock wall|cpu``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant; the median is reported")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time (report this on a quiet machine); cpu: this thread's CPU time, "
+        "steadier when other processes compete for the cores",
+    )
     return parser.parse_args()
+
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def optional_import(name: str) -> tuple[ModuleType | None, str]:

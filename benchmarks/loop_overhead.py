@@ -4,7 +4,7 @@ Two small models where loop overhead shows — an MLP (32 -> 64 -> 10) and a CNN
 batch 64, SGD, one thread. Each variant runs WARMUP + STEPS batches of one epoch and times the STEPS steps
 after the warm-up (from the end of step WARMUP-1 to the end of the last step, so data loading is inside);
 variants alternate, the median of the rounds is reported as µs per step and as a ratio to the hand-written
-loop over the DataLoader. Usage: python benchmarks/loop_overhead.py [--quick] [--rounds N]
+loop over the DataLoader. Usage: python benchmarks/loop_overhead.py [--quick] [--rounds N] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import benchmark_args, format_table, median, optional_import, run_alternating
+from common import CLOCKS, benchmark_args, format_table, median, optional_import, run_alternating
 
 import hookscope as hs
 
@@ -50,9 +50,14 @@ class Setup:
     """One model family: its data (a shuffled DataLoader over tensors) and a fresh model per run."""
 
     def __init__(
-        self, make_model: Callable[[], nn.Module], input_shape: tuple[int, ...], warmup: int, steps: int
+        self,
+        make_model: Callable[[], nn.Module],
+        input_shape: tuple[int, ...],
+        warmup: int,
+        steps: int,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        self.make_model, self.warmup, self.steps = make_model, warmup, steps
+        self.make_model, self.warmup, self.steps, self.clock = make_model, warmup, steps, clock
         n = (warmup + steps) * BATCH
         generator = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, *input_shape, generator=generator)
@@ -71,15 +76,16 @@ class Setup:
 class StepClock:
     """Marks the end of step ``warmup - 1`` and of the last step; ``seconds`` is the time between."""
 
-    def __init__(self, warmup: int, steps: int) -> None:
-        self.first, self.last = warmup - 1, warmup + steps - 1
+    def __init__(self, setup: Setup) -> None:
+        self.first, self.last = setup.warmup - 1, setup.warmup + setup.steps - 1
+        self.clock = setup.clock
         self.start = self.end = 0.0
 
     def step_done(self, i: int) -> None:
         if i == self.first:
-            self.start = time.perf_counter()
+            self.start = self.clock()
         elif i == self.last:
-            self.end = time.perf_counter()
+            self.end = self.clock()
 
     @property
     def seconds(self) -> float:
@@ -89,7 +95,7 @@ class StepClock:
 def hand_written(setup: Setup, batches_of: Callable[[], object]) -> float:
     model, opt = setup.model_and_opt()
     loss_func = nn.CrossEntropyLoss()
-    clock = StepClock(setup.warmup, setup.steps)
+    clock = StepClock(setup)
     for i, (x, y) in enumerate(batches_of()):
         loss = loss_func(model(x), y)
         loss.backward()
@@ -122,7 +128,7 @@ class HookscopeClock(hs.Callback):
 
 def hookscope(setup: Setup, in_memory: bool) -> float:
     model, _ = setup.model_and_opt()
-    clock = StepClock(setup.warmup, setup.steps)
+    clock = StepClock(setup)
     dls = hs.DataLoaders(setup.loader(), setup.valid, in_memory=in_memory)
     learn = hs.Learner(
         model,
@@ -143,7 +149,7 @@ def fastai_variant(setup: Setup) -> float:
     from fastai.learner import Learner as FastaiLearner
     from fastai.optimizer import OptimWrapper
 
-    clock = StepClock(setup.warmup, setup.steps)
+    clock = StepClock(setup)
 
     class Clock(FastaiCallback):
         order = 1000
@@ -167,7 +173,7 @@ def lightning_variant(setup: Setup) -> float:
     import lightning as L
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no GPU/TPU banners between rows
-    clock = StepClock(setup.warmup, setup.steps)
+    clock = StepClock(setup)
     model, _ = setup.model_and_opt()
 
     class Module(L.LightningModule):
@@ -231,10 +237,11 @@ def main() -> None:
     warmup, steps, rounds = (5, 30, 1) if args.quick else (30, 300, args.rounds)
     print(
         f"torch {torch.__version__}, 1 thread, batch {BATCH}, {steps} steps after {warmup} warm-up, "
-        f"median of {rounds}"
+        f"median of {rounds}, {args.clock} clock"
     )
-    print(measure("MLP 32-64-10", Setup(mlp, (32,), warmup, steps), rounds))
-    print(measure("CNN 2 convs, 1x28x28", Setup(cnn, (1, 28, 28), warmup, steps), rounds))
+    clock = CLOCKS[args.clock]
+    print(measure("MLP 32-64-10", Setup(mlp, (32,), warmup, steps, clock), rounds))
+    print(measure("CNN 2 convs, 1x28x28", Setup(cnn, (1, 28, 28), warmup, steps, clock), rounds))
 
 
 if __name__ == "__main__":
