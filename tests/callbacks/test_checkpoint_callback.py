@@ -228,8 +228,8 @@ def test_sigint_finishes_the_step_saves_and_raises_with_the_resume_hint(tmp_path
     assert "interrupted at epoch 0, step 3; checkpoint saved to" in err
 
 
-def test_second_sigint_stops_at_once_without_saving(tmp_path):
-    learn = tiny_learner([Checkpoint(tmp_path)])
+def test_second_sigint_stops_at_once_without_saving(tmp_path, capsys):
+    learn = tiny_learner([Checkpoint(tmp_path, every_n_steps=2)])
 
     def press_twice(learn):
         raise_sigint(learn)
@@ -237,8 +237,10 @@ def test_second_sigint_stops_at_once_without_saving(tmp_path):
 
     with pytest.raises(KeyboardInterrupt, match="second Ctrl-C"):
         learn.fit(2, cbs=[At(3, press_twice, event="after_pred")])
-    assert not (tmp_path / "last.pt").exists()
+    assert position(tmp_path / "last.pt")["training_step"] == 2
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    err = capsys.readouterr().err
+    assert f"stopped by KeyboardInterrupt; the newest complete checkpoint is {tmp_path / 'last.pt'}" in err
 
 
 class SigintInValidation(hs.Callback):
@@ -247,12 +249,13 @@ class SigintInValidation(hs.Callback):
             signal.raise_signal(signal.SIGINT)
 
 
-def test_sigint_during_validation_saves_after_the_epoch(tmp_path):
+def test_sigint_during_validation_saves_after_the_epoch(tmp_path, capsys):
     learn = tiny_learner([Checkpoint(tmp_path, every_epoch=False)])
     with pytest.raises(KeyboardInterrupt):
         learn.fit(3, cbs=[SigintInValidation()])
     assert position(tmp_path / "last.pt")["epoch"] == 2
     assert len(learn.recorder.history) == 2  # validation of epoch 1 completed before the stop
+    assert "finishing this epoch's validation" in capsys.readouterr().err
 
 
 def test_a_crash_prints_where_the_last_checkpoint_is(tmp_path, capsys):

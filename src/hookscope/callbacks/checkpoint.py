@@ -61,6 +61,7 @@ class Checkpoint(Callback):
         self.best: float | None = None
         self._last_saved_step = -1
         self._interrupted = False
+        self._stopped = False
         self._previous_handler: Any = None
 
     @staticmethod
@@ -75,7 +76,7 @@ class Checkpoint(Callback):
         for stale in self.dir.glob(".*.tmp"):  # left by a process killed while writing
             stale.unlink(missing_ok=True)
         self._check_monitor()
-        self._interrupted = False
+        self._interrupted = self._stopped = False
         self._last_saved_step = self.learn.training_step
         if self.sigint and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
@@ -104,8 +105,8 @@ class Checkpoint(Callback):
 
     def on_failure(self, exc: BaseException) -> None:
         self._restore_handler()
-        if self._interrupted and isinstance(exc, KeyboardInterrupt):
-            return  # our own stop: the hint is already printed
+        if self._stopped:
+            return  # our own stop after a Ctrl-C: the hint is already printed
         last = self.dir / "last.pt"
         if last.is_file():
             print(
@@ -158,9 +159,10 @@ class Checkpoint(Callback):
         if self._interrupted:
             raise KeyboardInterrupt("second Ctrl-C: stopped at once, without a checkpoint of this step")
         self._interrupted = True
+        finishing = "this step" if self.learn.training else "this epoch's validation"
         print(
-            "hookscope: Ctrl-C — finishing this step and saving a checkpoint (press Ctrl-C again to stop "
-            "at once without saving)",
+            f"hookscope: Ctrl-C — finishing {finishing} and saving a checkpoint (press Ctrl-C again to "
+            "stop at once without saving)",
             file=sys.stderr,
             flush=True,
         )
@@ -176,6 +178,7 @@ class Checkpoint(Callback):
             f"learn.fit({learn.n_epoch}, resume={last!r})"
         )
         print(f"hookscope: {message}", file=sys.stderr, flush=True)
+        self._stopped = True
         raise KeyboardInterrupt(message)
 
     def _restore_handler(self) -> None:
