@@ -60,7 +60,8 @@ def test_activation_stats_equal_a_direct_computation_on_captured_outputs():
             got = record.stats
             assert isinstance(record, StepStats)
             assert got.count == values.numel()
-            assert got.mean == pytest.approx(values.mean().item(), rel=1e-6, abs=1e-9)
+            # float32 sums: the mean is exact to ~1e-7 of the spread (BatchNorm outputs have mean ~0)
+            assert got.mean == pytest.approx(values.mean().item(), abs=1e-6 * got.std)
             assert got.std == pytest.approx(values.std(unbiased=False).item(), rel=1e-6)
             assert got.zero_fraction == pytest.approx((values == 0).double().mean().item())
             want_hist = torch.histc(values.clamp(-4.0, 4.0), bins=20, min=-4.0, max=4.0)
@@ -85,7 +86,7 @@ def test_every_records_only_multiples_of_the_interval_and_validation_only_when_a
     learn = learner(small_cnn(), acts)
     learn.fit(2)
     assert [r.step for r in acts.history["0"]] == [0, 2, 4, 6, 8, 10]
-    assert acts.valid_history == {"0": [], "1": [], "2": [], "3": [], "4": []}
+    assert acts.valid_history == {"0": [], "1": [], "4": []}
     learner(small_cnn(), with_valid).fit(2)
     valid = with_valid.valid_history["2"]
     assert [r.step for r in valid] == [6, 12]
@@ -117,7 +118,7 @@ def test_pending_records_of_all_layers_and_steps_are_read_in_one_transfer(monkey
     history = acts.history
     assert len(transfers) == 1
     assert {name: [r.step for r in records] for name, records in history.items()} == {
-        name: [0, 1, 2, 3, 4] for name in ("0", "1", "2", "3", "4")
+        name: [0, 1, 2, 3, 4] for name in ("0", "1", "4")
     }
     assert acts.history == history
     assert len(transfers) == 1
@@ -174,7 +175,8 @@ def test_output_gradient_stats_equal_captured_gradients():
         records, captured = grads.history[name], cap.calls(name)
         assert len(records) == len(captured) == 6
         for record, grad in zip(records, captured, strict=True):
-            assert record.stats.mean == pytest.approx(grad.double().mean().item(), rel=1e-5, abs=1e-12)
+            want_mean = grad.double().mean().item()
+            assert record.stats.mean == pytest.approx(want_mean, abs=1e-6 * record.stats.std)
             assert record.stats.abs_max == pytest.approx(grad.abs().max().item(), rel=1e-6)
 
 

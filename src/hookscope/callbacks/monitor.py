@@ -24,6 +24,15 @@ from hookscope.hooks.stats import DeviceStats, RunningStats, TensorStats, Update
 from hookscope.train.callback import Callback
 
 
+def with_parameters(name: str, module: nn.Module) -> bool:
+    """Selection predicate for leaf modules that own parameters (convs, linears, norms): fastai's default.
+
+    Watching every leaf module (``select=None``) also covers activations and pooling, at about twice
+    the cost on a CNN.
+    """
+    return next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None
+
+
 @dataclass(frozen=True)
 class StepStats:
     """The statistics of one layer over one recorded step (or one validation phase)."""
@@ -48,8 +57,10 @@ class ParamRecord:
 class _LayerRecorder:
     """RunningStats per layer, pending device snapshots, and the bounded host history they become."""
 
-    def __init__(self, names: list[str], bins: int, hist_range: tuple[float, float], max_len: int) -> None:
-        self.stats = {name: RunningStats(bins, hist_range) for name in names}
+    def __init__(
+        self, names: list[str], bins: int, hist_range: tuple[float, float], sample: int, max_len: int
+    ) -> None:
+        self.stats = {name: RunningStats(bins, hist_range, sample) for name in names}
         self.history: dict[str, list[StepStats]] = {name: [] for name in names}
         self.max_len = max_len
         self.pending: list[tuple[str, int, DeviceStats]] = []
@@ -102,29 +113,33 @@ def _check_settings(owner: str, every: int, history: int, read_every: int) -> No
 
 
 class ActivationStats(Callback):
-    """Statistics of the outputs of the selected layers (``hs.select`` spec; None = every leaf module).
+    """Statistics of the outputs of the selected layers (an ``hs.select`` spec; default: the leaf modules
+    that own parameters, see :func:`with_parameters`; None = every leaf module, ReLUs included).
 
     Records training batches whose step is a multiple of ``every`` (the interval doubles each time the
     bounded ``history`` is thinned); validation too when ``include_valid`` (one record per validation
     phase, in ``valid_history``). ``bins`` and ``range`` define the histograms of the colorful-dimension
-    plot. Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too.
+    plot, taken over at most about ``sample`` values per tensor (see :mod:`hookscope.hooks.stats`).
+    Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too.
     """
 
     order = 15
 
     def __init__(
         self,
-        select: Spec = None,
+        select: Spec = with_parameters,
         every: int = 1,
         include_valid: bool = False,
         bins: int = 50,
         range: tuple[float, float] = (-5.0, 5.0),
+        sample: int = 16384,
         history: int = 1000,
         read_every: int = 100,
     ) -> None:
         _check_settings("ActivationStats", every, history, read_every)
         self.spec, self.every, self.include_valid = select, every, include_valid
-        self.bins, self.range, self.max_history, self.read_every = bins, range, history, read_every
+        self.bins, self.range, self.sample = bins, range, sample
+        self.max_history, self.read_every = history, read_every
         self.stride = every
         self._hooks = HookSet()
         self._recording = False
@@ -170,8 +185,8 @@ class ActivationStats(Callback):
         layers = select(self.learn.model, self.spec)
         names = [name for name, _ in layers]
         if self._train is None or list(self._train.stats) != names:
-            self._train = _LayerRecorder(names, self.bins, self.range, self.max_history)
-            self._valid = _LayerRecorder(names, self.bins, self.range, self.max_history)
+            self._train = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
+            self._valid = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
             self.stride = self.every
         self._hooks.remove()
         for name, module in layers:
@@ -231,8 +246,8 @@ class GradientStats(Callback):
     ``before_step`` after mixed-precision unscaling and before clipping (a step that an earlier callback
     cancels there is not recorded); the ratio ``||Δw|| / ||w||`` of that step's ``opt.step()``
     (``update_ratio=True``); and statistics of the gradient flowing out of each ``select``-ed module
-    (None = every leaf module; pass ``output_grads=False`` to skip them), taken with tensor hooks so
-    in-place ops after a module do not break them.
+    (default :func:`with_parameters`; None = every leaf module; ``output_grads=False`` skips them),
+    taken with tensor hooks so in-place ops after a module do not break them.
     """
 
     order = 15
@@ -240,11 +255,12 @@ class GradientStats(Callback):
     def __init__(
         self,
         every: int = 1,
-        select: Spec = None,
+        select: Spec = with_parameters,
         output_grads: bool = True,
         update_ratio: bool = True,
         bins: int = 50,
         range: tuple[float, float] = (-1e-3, 1e-3),
+        sample: int = 16384,
         history: int = 1000,
         read_every: int = 100,
     ) -> None:
@@ -255,7 +271,8 @@ class GradientStats(Callback):
             output_grads,
             update_ratio,
         )
-        self.bins, self.range, self.max_history, self.read_every = bins, range, history, read_every
+        self.bins, self.range, self.sample = bins, range, sample
+        self.max_history, self.read_every = history, read_every
         self.stride = every
         self._hooks = HookSet()
         self._grad_hooks = HookSet()  # tensor hooks of the current step, removed after every backward
@@ -326,7 +343,7 @@ class GradientStats(Callback):
         layers = select(model, self.spec)
         layer_names = [name for name, _ in layers]
         if self._layers is None or list(self._layers.stats) != layer_names:
-            self._layers = _LayerRecorder(layer_names, self.bins, self.range, self.max_history)
+            self._layers = _LayerRecorder(layer_names, self.bins, self.range, self.sample, self.max_history)
         for name, module in layers:
             self._hooks.forward(module, self._hook(name))
 
