@@ -191,7 +191,10 @@ def _train(args: argparse.Namespace) -> int:
         return 130
     except Exception as err:
         code, message = _explain(err)
-        raise CommandError(message + _resume_hint(folder), code) from err
+        hint = _resume_hint(folder)
+        if not hint and not args.resume:
+            folder.discard()
+        raise CommandError(message + hint, code) from err
     final = folder.finish()
     print(demo.closing_words(result, final))
     return 0
@@ -222,18 +225,40 @@ def _resumed(run_dir: str, given: dict[str, object]) -> tuple[RunFolder, object]
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    import torch
-
-    from hookscope.hooks.capture import capture
-    from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD, load_model
+    from hookscope.specs import load_model
     from hookscope.viz.feature_maps import feature_maps, save_figure
     from hookscope.viz.report import write_feature_map_index
 
     model = load_model(args.model, weights=args.weights).eval()
     image = _read_image(args.image, args.size)
-    spec = _selection(args.select)
+    maps = _captured_maps(model, args.model, image, _selection(args.select))
+    if not maps:
+        raise SpecError(
+            f"--select {args.select!r} captured no 4-D feature map in {args.model}; select conv layers, "
+            "e.g. --select Conv2d"
+        )
     folder = RunFolder.start(args.out or f"runs/inspect-{_short_name(args.model)}")
     atomic_write_json(folder.file("config.json"), {"command": " ".join(sys.argv), "options": _options(args)})
+    layers = []
+    for i, (label, tensor) in enumerate(maps):
+        png = f"{i:02d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.png"
+        channels = tensor.shape[1]
+        title = f"{label}: {min(channels, 64)} of {channels} channels"
+        save_figure(feature_maps(tensor, max_maps=64, title=title), folder.file(png), dpi=60)
+        layers.append((label, png, "×".join(str(n) for n in tensor.shape)))
+    index = write_feature_map_index(folder.path, layers, f"Feature maps of {args.model}")
+    final = folder.finish()
+    print(f"{len(layers)} feature-map grids: {final / index.name}")
+    return 0
+
+
+def _captured_maps(model: object, name: str, image: object, spec: object) -> list[tuple[str, object]]:
+    """``(label, (1, C, H, W) output)`` of every selected layer call, on the ImageNet-normalised image."""
+    import torch
+
+    from hookscope.hooks.capture import capture
+    from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD
+
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     with torch.no_grad(), capture(model, spec) as cap:
@@ -241,31 +266,15 @@ def _inspect(args: argparse.Namespace) -> int:
             model((image - mean) / std)
         except Exception as err:
             raise SpecError(
-                f"{args.model} cannot run on the image tensor of shape {tuple(image.shape)} "
-                f"({_one_line(str(err))}); "
-                "inspect needs a model that takes 3-channel images, or change --size"
+                f"{name} cannot run on the image tensor of shape {tuple(image.shape)} "
+                f"({_one_line(str(err))}); inspect needs a model taking 3-channel images, or change --size"
             ) from None
-    layers = []
+    maps = []
     for record in cap.records:
-        if not isinstance(record.value, torch.Tensor) or record.value.ndim != 4:
-            continue
-        label = record.name if len(cap.calls(record.name)) == 1 else f"{record.name} (call {record.call})"
-        png = f"{len(layers):02d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.png"
-        channels = record.value.shape[1]
-        fig = feature_maps(
-            record.value, max_maps=64, title=f"{label}: {min(channels, 64)} of {channels} channels"
-        )
-        save_figure(fig, folder.file(png), dpi=60)
-        layers.append((label, png, "×".join(str(n) for n in record.value.shape)))
-    if not layers:
-        raise SpecError(
-            f"--select {args.select!r} captured no 4-D feature map in {args.model}; select conv layers, "
-            "e.g. --select Conv2d"
-        )
-    index = write_feature_map_index(folder.path, layers, f"Feature maps of {args.model}")
-    final = folder.finish()
-    print(f"{len(layers)} feature-map grids: {final / index.name}")
-    return 0
+        if isinstance(record.value, torch.Tensor) and record.value.ndim == 4:
+            several = len(cap.calls(record.name)) > 1
+            maps.append((f"{record.name} (call {record.call})" if several else record.name, record.value))
+    return maps
 
 
 def _read_image(image: str, size: int) -> object:

@@ -142,6 +142,11 @@ class RunFolder:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def discard(self) -> None:
+        """Delete the partial folder: for a run that failed before it produced anything worth keeping."""
+        if self.path != self.final:
+            shutil.rmtree(self.path, ignore_errors=True)
+
     def finish(self) -> Path:
         """Rename the partial folder to its final name, replacing an older run there; return that name."""
         old = self.final.with_name(f".{self.final.name}.old")
