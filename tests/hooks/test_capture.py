@@ -271,8 +271,13 @@ def test_unknown_name_lists_closest():
     model.add_module("conv2", nn.Conv2d(1, 1, 1))
     with hs.capture(model) as cap:
         model(torch.zeros(1, 1, 2, 2))
-    with pytest.raises(KeyError, match=r"closest: conv[12], conv[12]"):
+    with pytest.raises(KeyError, match=r"closest selected names: conv[12], conv[12]"):
         cap["conv"]
+    with hs.capture(model, ["conv2", "conv1"]) as cap:
+        model[0](torch.zeros(1, 1, 2, 2))
+    assert cap.names == ("conv1", "conv2")
+    with pytest.raises(KeyError, match="'conv2' is selected but has not run"):
+        cap["conv2"]
 
 
 def test_spec_matching_nothing_is_one_clear_error():

@@ -52,7 +52,8 @@ class Capture:
     """Recorded values of the modules selected by :func:`capture`; removes its hooks on exit or ``remove()``.
 
     ``records`` and ``outputs`` list everything in firing order; ``cap[name]`` is the most recent call of a
-    module (``cap[name, kind]`` when several kinds are captured); ``cap.calls(name)`` lists every call.
+    module (``cap[name, kind]`` when several kinds are captured); ``cap.calls(name)`` lists every call;
+    ``names`` holds the selected module names in model order.
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class Capture:
         self._hooks = HookSet()
         self._pending_offload: set[torch.device] = set()
         modules = select(model, spec)
+        self.names = tuple(name for name, _ in modules)
         _refuse_compiled(model, modules)
         try:
             for name, module in modules:
@@ -100,6 +102,8 @@ class Capture:
         found = [record.value for record in self.records if record.name == name and record.kind == kind]
         if found or name in self._n_calls:
             return found
+        if name in self.names:
+            raise KeyError(f"capture: module {name!r} is selected but has not run inside the with-block yet")
         raise KeyError(self._unknown_name_message(name))
 
     def __getitem__(self, key: str | tuple[str, str]) -> Any:
@@ -258,12 +262,9 @@ class Capture:
         return kind
 
     def _unknown_name_message(self, name: str) -> str:
-        known = sorted(self._n_calls) or sorted({record.name for record in self._records})
-        closest = difflib.get_close_matches(name, known, n=5, cutoff=0.4)
-        hint = f"; closest: {', '.join(closest)}" if closest else ""
-        if not known:
-            hint = "; no selected module has run yet (call the model inside the with-block)"
-        return f"capture: no module named {name!r} was captured{hint}"
+        closest = difflib.get_close_matches(name, self.names, n=5, cutoff=0.4)
+        hint = f"; closest selected names: {', '.join(closest)}" if closest else ""
+        return f"capture: module {name!r} is not among the {len(self.names)} selected modules{hint}"
 
 
 def capture(
