@@ -405,15 +405,19 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, list | tuple):
-        for value in obj:
-            yield from _tensors(value)
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in nested tuples, lists and dicts, in order (a loop, not recursion: it runs per call)."""
+    found: list[torch.Tensor] = []
+    pending = [obj]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, dict):
+            pending.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            pending.extend(reversed(item))
+    return found
 
 
 def _shapes(obj: Any) -> list[Shape]:
