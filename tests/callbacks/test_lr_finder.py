@@ -9,7 +9,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.callbacks import EarlyStopping, LRFinder, LRFindResult, MixedPrecision, OneCycle
+from hookscope.callbacks import (
+    EarlyStopping,
+    GradientAccumulation,
+    LRFinder,
+    LRFindResult,
+    MixedPrecision,
+    OneCycle,
+)
 from hookscope.callbacks.lr_finder import suggest_lrs
 
 
@@ -173,3 +180,9 @@ def test_a_diverging_sweep_gives_the_loss_scale_back():
     learn.lr_find(start_lr=1e-2, end_lr=1e6, num_it=30, stop_div=False)  # ends in inf/NaN losses
     assert precision.skipped_steps == 0
     assert precision.scaler.get_scale() == scale
+
+
+def test_a_sweep_ending_inside_an_accumulation_group_leaves_no_gradient_behind():
+    learn = _learner(cbs=[GradientAccumulation(4)])
+    learn.lr_find(num_it=6, stop_div=False)  # stops after batch 6: two batches into the second group
+    assert all(p.grad is None for p in learn.model.parameters())

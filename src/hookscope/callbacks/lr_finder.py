@@ -3,9 +3,10 @@
 ``find_lr`` (``learn.lr_find()``) runs the sweep through the normal loop — mixed precision, clipping
 and accumulation apply as in ``fit`` — with the callbacks that schedule or stop a real run
 (``ParamScheduler`` and its subclasses, ``LRScheduler``, ``EarlyStopping``) detached, and puts the
-model weights, the optimizer state, the loss scaler of ``MixedPrecision``, ``learn.training_step``
-and the torch random state back afterwards. Other callbacks run during the sweep, as in fastai;
-``learn.lr_finder`` exists only then, so a logger or checkpointer can skip a sweep by checking it.
+model weights and gradients, the optimizer state, the loss scaler of ``MixedPrecision``,
+``learn.training_step`` and the torch random state back afterwards. Other callbacks run during the
+sweep, as in fastai; ``learn.lr_finder`` exists only then, so a logger or checkpointer can skip a
+sweep by checking it.
 
 Suggested learning rate (``LRFindResult.suggested_lr``), fastai's "valley" rule: on the smoothed loss
 (first 10% and last 5 points trimmed), find the longest stretch over which the loss keeps decreasing
@@ -192,14 +193,15 @@ def find_lr(
 
 
 class _Snapshot:
-    """What a sweep changes and must give back: weights, optimizer and loss-scaler state, step count,
-    random state."""
+    """What a sweep changes and must give back: weights and gradients (a sweep can stop in the middle of
+    an accumulation group), optimizer and loss-scaler state, step count, random state."""
 
     def __init__(self, learn: Learner) -> None:
         self.cb_order = list(learn.cbs)
         scalers = [cb for cb in learn.cbs if isinstance(cb, MixedPrecision)]
         self.precision = [(cb, copy.deepcopy(cb.state_dict())) for cb in scalers]
         self.model = {k: v.detach().clone() for k, v in learn.model.state_dict().items()}
+        self.grads = [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()]
         self.opt = copy.deepcopy(learn.opt.state_dict())
         self.training_step = learn.training_step
         self.rng = torch.get_rng_state()
@@ -207,6 +209,8 @@ class _Snapshot:
 
     def restore(self, learn: Learner) -> None:
         learn.model.load_state_dict(self.model)
+        for param, grad in zip(learn.model.parameters(), self.grads, strict=True):
+            param.grad = grad
         learn.opt.load_state_dict(self.opt)
         learn.training_step = self.training_step
         for cb, state in self.precision:
