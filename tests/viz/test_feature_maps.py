@@ -43,6 +43,10 @@ def test_bad_shapes_raise_one_line_errors():
         hs.viz.feature_maps(torch.zeros(5, 5))
     with pytest.raises(IndexError, match="index=2 is outside the batch of 2"):
         hs.viz.feature_maps(torch.zeros(2, 3, 4, 4), index=2)
+    with pytest.raises(ValueError, match="ncols=0 must be at least 1"):
+        hs.viz.feature_maps(torch.zeros(3, 4, 4), ncols=0)
+    with pytest.raises(ValueError, match="max_maps=0 must be at least 1"):
+        hs.viz.feature_maps(torch.zeros(3, 4, 4), max_maps=0)
     with pytest.raises(TypeError, match="got ndarray"):
         hs.viz.feature_maps(torch.zeros(3, 4, 4).numpy())
 

@@ -31,6 +31,9 @@ def feature_maps(
     is scaled to its own range, as in the classic "look at the first conv" picture; ``max_maps`` keeps
     only the first channels, ``ncols`` defaults to a square-ish grid.
     """
+    for arg, value in (("ncols", ncols), ("max_maps", max_maps)):
+        if value is not None and value < 1:
+            raise ValueError(f"feature_maps: {arg}={value} must be at least 1 (or None for the default)")
     maps = _channel_maps(tensor, index)
     if max_maps is not None:
         maps = maps[:max_maps]
