@@ -387,3 +387,31 @@ def test_run_train_false_keeps_a_callback_out_of_training_batches():
     _learner(cbs=[log]).fit(1)
     assert log.seen.count("before_batch") == 1  # the one validation batch
     assert "before_step" not in log.seen
+
+
+def test_evaluation_without_validation_data_says_what_to_pass():
+    train, _ = _data()
+    learn = hs.Learner(nn.Linear(3, 2), hs.DataLoaders(train), nn.CrossEntropyLoss(), progress=False)
+    with pytest.raises(ValueError, match=r"validate\(dl\)"):
+        learn.validate()
+    with pytest.raises(ValueError, match=r"get_preds\(dl\)"):
+        learn.get_preds()
+    assert set(learn.validate(train)) == {"valid_loss"}
+
+
+def test_a_batch_without_target_is_predicted_and_a_dict_batch_is_refused():
+    x = torch.randn(6, 3)
+    learn = _learner()
+    preds, targets = learn.get_preds(DataLoader(TensorDataset(x), batch_size=4))
+    assert preds.shape == (6, 2) and targets is None
+    torch.testing.assert_close(preds, learn.predict(x))
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"x": torch.zeros(3)}
+
+    with pytest.raises(TypeError, match="batch must be a tensor or a tuple/list"):
+        learn.get_preds(DataLoader(Dicts(), batch_size=2))

@@ -98,6 +98,18 @@ class TensorBatches:
             yield tuple(t.index_select(0, index) for t in self.tensors)
 
 
+def batch_to_device(batch: Any, device: torch.device) -> tuple:
+    """A loader's batch as a tuple of items on ``device``: a lone tensor becomes a 1-tuple."""
+    if isinstance(batch, torch.Tensor):
+        return (to_device(batch, device),)
+    if isinstance(batch, tuple | list):
+        return tuple([to_device(b, device) for b in batch])
+    raise TypeError(
+        f"Learner: a batch must be a tensor or a tuple/list (inputs..., target), not {type(batch).__name__}; "
+        "make the Dataset or collate_fn return tuples"
+    )
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move the tensors of a batch to ``device`` asynchronously; tuples and lists come back as tuples."""
     if isinstance(batch, torch.Tensor):

@@ -25,7 +25,14 @@ from hookscope.callbacks.schedule import OneCycle
 from hookscope.hooks.summary import Summary, summary
 from hookscope.train import checkpoint
 from hookscope.train.callback import Callback, dispatch_table, sort_callbacks
-from hookscope.train.data import DataLoaders, TensorBatches, as_dataloaders, can_batch_in_memory, to_device
+from hookscope.train.data import (
+    DataLoaders,
+    TensorBatches,
+    as_dataloaders,
+    batch_to_device,
+    can_batch_in_memory,
+    to_device,
+)
 from hookscope.train.events import (
     CancelBackwardException,
     CancelBatchException,
@@ -256,17 +263,13 @@ class Learner:
 
     def validate(self, dl: Any = None) -> dict[str, float]:
         """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics."""
-        dl = self.dls.valid if dl is None else dl
-        if dl is None:
-            raise ValueError(
-                "Learner.validate: no validation data; pass validate(dl) or valid to DataLoaders"
-            )
+        dl = self._eval_loader(dl, "validate")
         self._run(lambda: self._phase(dl, training=False), None, None)
         return self.recorder.valid_results()
 
     def get_preds(self, dl: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Predictions and targets over ``dl`` (default: valid loader), in eval mode, without callbacks."""
-        dl = self.dls.valid if dl is None else dl
+        dl = self._eval_loader(dl, "get_preds")
         preds, targets = [], []
         with self._evaluating():
             for batch in self._batches(dl):
@@ -280,6 +283,13 @@ class Learner:
         inputs = to_device(x if isinstance(x, tuple) else (x,), self.device)
         with self._evaluating():
             return self.model(*inputs)
+
+    def _eval_loader(self, dl: Any, method: str) -> Any:
+        if dl is None and self.dls.valid is None:
+            raise ValueError(
+                f"Learner.{method}: no validation data; pass {method}(dl) or a valid loader to dls"
+            )
+        return self.dls.valid if dl is None else dl
 
     # ---- machinery -----------------------------------------------------------------------------------
 
@@ -330,12 +340,17 @@ class Learner:
         return dispatch_table(ordered, training=True), dispatch_table(ordered, training=False)
 
     def _batches(self, dl: Any) -> Iterable[tuple]:
-        """Batches of ``dl`` on the device: by indexing in-memory tensors when equivalent, else by loading."""
-        if self.dls.in_memory and can_batch_in_memory(dl):
-            if id(dl) not in self._fast_sources:
-                self._fast_sources[id(dl)] = TensorBatches(dl, self.device)
-            return self._fast_sources[id(dl)]
-        return (to_device(b if isinstance(b, tuple | list) else (b,), self.device) for b in dl)
+        """Batches of ``dl`` on the device: by indexing in-memory tensors when equivalent, else by loading.
+
+        The device copies of ``dls.train`` / ``dls.valid`` are made once; other loaders' on each call.
+        """
+        if not (self.dls.in_memory and can_batch_in_memory(dl)):
+            return (batch_to_device(b, self.device) for b in dl)
+        if dl is not self.dls.train and dl is not self.dls.valid:
+            return TensorBatches(dl, self.device)
+        if id(dl) not in self._fast_sources:
+            self._fast_sources[id(dl)] = TensorBatches(dl, self.device)
+        return self._fast_sources[id(dl)]
 
     def _set_lr(self, lr: float) -> None:
         self.lr = lr
