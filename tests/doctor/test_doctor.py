@@ -1,0 +1,88 @@
+"""The Doctor as a callback (printing, deduplication, findings.json) and hs.diagnose."""
+
+import json
+
+import pytest
+import torch
+from doctor_faults import LogAct, digits_flat, mlp, train_with_doctor
+from torch import nn
+
+import hookscope as hs
+
+
+def _dead_mlp():
+    torch.manual_seed(0)
+    model = mlp(depth=3)
+    with torch.no_grad():
+        model[2].bias.fill_(-10.0)
+    return model
+
+
+def test_findings_are_printed_once_and_kept(capsys):
+    doctor = hs.callbacks.Doctor(check_every=2)
+    learn = hs.Learner(_dead_mlp(), digits_flat(), nn.CrossEntropyLoss(), cbs=[doctor], progress=False)
+    learn.fit(1)  # 23 steps: the rules run 12 times
+    err = capsys.readouterr().err
+    assert err.count("dead_units") == 1 and "layer `3`" in err
+    assert [f.kind for f in learn.doctor.findings].count("dead_units") == 1
+    assert learn.doctor is doctor
+
+
+def test_quiet_doctor_prints_nothing(capsys):
+    learn = train_with_doctor(_dead_mlp(), steps=6)
+    assert learn.doctor.findings
+    assert capsys.readouterr().err == ""
+
+
+def test_finding_to_dict_is_json_ready():
+    learn = train_with_doctor(_dead_mlp(), steps=6)
+    data = json.loads(json.dumps([f.to_dict() for f in learn.doctor.findings]))
+    dead = next(d for d in data if d["kind"] == "dead_units")
+    assert set(dead) == {"kind", "module", "step", "severity", "message", "evidence"}
+    assert dead["module"] == "3" and dead["evidence"]["dead_fraction"] == 1.0
+
+
+def test_doctor_given_to_one_fit_also_works_and_leaves_no_hooks():
+    model = _dead_mlp()
+    learn = hs.Learner(model, digits_flat(), nn.CrossEntropyLoss(), progress=False)
+    doctor = hs.callbacks.Doctor(quiet=True, check_every=3)
+    learn.fit(1, cbs=[doctor])
+    assert any(f.kind == "dead_units" for f in doctor.findings)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_without_guard_a_nan_does_not_stop_the_fit():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
+    learn = train_with_doctor(model, steps=4, guard=False)
+    assert learn.training_step == 4
+    assert "nonfinite" not in {f.kind for f in learn.doctor.findings}
+
+
+def test_diagnose_a_model_leaves_it_untouched():
+    model = _dead_mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = next(iter(digits_flat().train))
+    findings = hs.diagnose(model, (x, y), steps=5, loss_func=nn.CrossEntropyLoss(), quiet=True)
+    assert any(f.kind == "dead_units" and f.module == "3" for f in findings)
+    assert all(isinstance(f, hs.Finding) for f in findings)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_diagnose_a_learner_uses_its_loss_and_data_loader():
+    learn = hs.Learner(_dead_mlp(), digits_flat(), nn.CrossEntropyLoss(), progress=False)
+    findings = hs.diagnose(learn, learn.dls, steps=4, quiet=True)
+    assert {f.kind for f in findings} >= {"dead_units"}
+    assert learn.training_step == 0 and learn.opt is None
+
+
+def test_diagnose_explains_a_missing_loss_and_bad_data():
+    with pytest.raises(ValueError, match="loss_func"):
+        hs.diagnose(nn.Linear(3, 2), (torch.randn(4, 3), torch.zeros(4)), steps=2)
+    with pytest.raises(TypeError, match="DataLoader"):
+        hs.diagnose(nn.Linear(3, 2), 42, steps=2, loss_func=nn.MSELoss())
+
+
+def test_bad_settings_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="check_every=0"):
+        hs.callbacks.Doctor(check_every=0)
