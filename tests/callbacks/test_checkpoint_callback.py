@@ -182,6 +182,46 @@ def test_failed_write_during_fit_keeps_last_pt_loadable_and_resumable(
     assert all(torch.equal(a, b) for a, b in zip(one_cycle_reference, weights(resumed), strict=True))
 
 
+class NoisyData(torch.utils.data.Dataset):
+    """Random augmentation from torch's and python's global RNGs (in the workers when num_workers > 0)."""
+
+    def __init__(self, n):
+        data = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 6, generator=data), torch.randint(0, 3, (n,), generator=data)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.randn(6) + random.random(), self.y[i]
+
+
+def noisy_learner(workers, cbs=(), seed=0):
+    train = DataLoader(NoisyData(40), batch_size=8, shuffle=True, num_workers=workers)
+    valid = DataLoader(NoisyData(16), batch_size=8, num_workers=workers)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 3))
+    return hs.Learner(model, (train, valid), nn.CrossEntropyLoss(), lr=1e-2, cbs=list(cbs), progress=False)
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_mid_epoch_resume_with_random_augmentation_in_the_loader_is_bitwise_equal(tmp_path, workers):
+    torch.manual_seed(0)
+    random.seed(0)
+    reference = noisy_learner(workers)
+    reference.fit(2)
+
+    torch.manual_seed(0)
+    random.seed(0)
+    first = noisy_learner(workers, [Checkpoint(tmp_path, every_n_steps=1)])
+    first.fit(2, cbs=[At(8, cancel_fit)])
+    torch.manual_seed(77)
+    random.seed(3)
+    resumed = noisy_learner(workers, [Checkpoint(tmp_path, every_n_steps=1)], seed=4)
+    resumed.fit(2, resume="last")
+    assert all(torch.equal(a, b) for a, b in zip(weights(reference), weights(resumed), strict=True))
+
+
 class SigintAtBatch(hs.Callback):
     """Ctrl-C during the forward of training batch number ``n`` of the fit (counted from 0)."""
 
