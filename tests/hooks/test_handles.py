@@ -66,3 +66,17 @@ def test_add_takes_ownership_of_foreign_handles():
         hooks.add(layer.register_forward_hook(lambda m, args, out: None))
         assert len(hooks) == 1
     assert _count(layer) == 0
+
+
+def test_handles_of_dead_tensors_are_forgotten():
+    layer = nn.Linear(2, 2)
+    with hs.HookSet() as hooks:
+        hooks.forward(layer, lambda m, args, out: None)
+        for _ in range(300):
+            out = layer(torch.ones(1, 2))
+            hooks.tensor(out, lambda g: None)
+            out.sum().backward()
+        del out
+        assert len(hooks) == 1
+        assert len(hooks._handles) < 100
+    assert _count(layer) == 0

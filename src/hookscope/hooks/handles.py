@@ -25,6 +25,7 @@ class HookSet:
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
+        self._prune_at = 64
 
     def forward_pre(
         self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False
@@ -61,6 +62,11 @@ class HookSet:
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         """Take ownership of a handle registered elsewhere."""
         self._handles.append(handle)
+        if len(self._handles) >= self._prune_at:
+            # Tensor hooks die with their tensor after each backward; forgetting their handles keeps a
+            # long-lived HookSet (one per training run) from growing by a handle per step.
+            self._handles = [h for h in self._handles if _is_live(h)]
+            self._prune_at = max(64, 2 * len(self._handles))
         return handle
 
     def remove(self) -> None:
