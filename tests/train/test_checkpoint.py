@@ -1,3 +1,4 @@
+import collections
 import io
 import os
 import random
@@ -196,15 +197,24 @@ def test_missing_file_names_the_path(tmp_path):
 
 
 class BadState(hs.Callback):
+    def __init__(self, value):
+        self.value = value
+
     def state_dict(self):
-        return {"fn": print}
+        return {"value": self.value}
 
 
-def test_unloadable_callback_state_is_refused_at_save_naming_the_callback(tmp_path):
-    learn = tiny_learner(cbs=[BadState()])
-    with pytest.raises(
-        CheckpointError, match=r"BadState.state_dict\(\)\['fn'\] is a builtins.builtin_function"
-    ):
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (print, "builtins.builtin_function_or_method"),
+        (np.float64(0.5), "numpy.float64"),
+        (collections.defaultdict(int), "collections.defaultdict"),
+    ],
+)
+def test_unloadable_callback_state_is_refused_at_save_naming_the_callback(tmp_path, value, kind):
+    learn = tiny_learner(cbs=[BadState(value)])
+    with pytest.raises(CheckpointError, match=rf"BadState.state_dict\(\)\['value'\] is a {kind}, which"):
         learn.save(tmp_path / "state.pt")
     assert not any(tmp_path.iterdir())
 

@@ -20,6 +20,7 @@ import tempfile
 import warnings
 import zipfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,7 @@ def check_plain(obj: object, where: str) -> None:
     refuse (anything but dicts, lists, tuples, tensors, numbers, strings, None)."""
     if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_LEAVES:
         return
-    if isinstance(obj, Mapping):
+    if type(obj) in (dict, OrderedDict):
         for key, value in obj.items():
             check_plain(key, f"{where} key")
             check_plain(value, f"{where}[{key!r}]")
