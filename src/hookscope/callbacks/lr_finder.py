@@ -74,7 +74,8 @@ class LRFindResult:
 class LRFinder(Callback):
     """Set the lr to ``start_lr * (end_lr / start_lr) ** (i / (num_it - 1))`` at training batch ``i``,
     record each loss (read once per batch: the sweep needs it to stop), skip validation, and stop after
-    ``num_it`` batches or when the smoothed loss diverges (``stop_div``)."""
+    ``num_it`` batches or when the smoothed loss diverges (``stop_div``). It changes the weights: use it
+    through ``learn.lr_find()``, which puts everything back."""
 
     order = 60
     run_after = (ParamScheduler, LRScheduler)
