@@ -1,0 +1,134 @@
+"""The run report: built from a run folder, then opened in headless Chromium (no network, no console
+error, every image decodes, the findings and summary tables are there, the screenshot is not blank)."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hookscope.cli import main
+from hookscope.viz.report import write_report
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+)
+
+# Injected into a copy of the report (the report itself has no script): records script errors, failed
+# resources and console.error calls from the first moment, then writes the image sizes into the DOM.
+PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => __errors.push(String(e.message || (e.target && e.target.src))), true);
+const original = console.error;
+console.error = (...args) => { __errors.push(args.join(" ")); original(...args); };
+window.addEventListener("load", () => {
+  const images = [...document.images].map(i => ({alt: i.alt, width: i.naturalWidth}));
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify({images, errors: __errors});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def chromium_or_skip() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("chromium is not installed and `make browser` could not install it (needs apt-get as root)")
+
+
+def chromium(tmp_path, *args):
+    profile = tmp_path / "chromium-profile"
+    argv = [chromium_or_skip(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A real one-epoch run with the doctor on, plus one finding so the findings table has rows."""
+    out = tmp_path_factory.mktemp("report") / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out)]) == 0
+    findings = json.loads((out / "findings.json").read_text())
+    findings.append(
+        {
+            "kind": "dead_units",
+            "module": "features.1.2",
+            "step": 12,
+            "severity": "warning",
+            "message": "97% of units dead since step 12",
+            "evidence": {},
+        }
+    )
+    (out / "findings.json").write_text(json.dumps(findings))
+    write_report(out)
+    return out
+
+
+@pytest.mark.browser
+def test_report_loads_without_errors_and_every_image_decodes(run_dir, tmp_path):
+    page = (run_dir / "report.html").read_text()
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("<head>", "<head>\n" + PROBE, 1))
+    done = chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S).group(1))
+    assert probe["errors"] == []
+    assert not re.findall(r":(?:ERROR|WARNING):CONSOLE", done.stderr)
+    assert len(probe["images"]) == len(re.findall(r"<img ", page)) >= 8
+    assert [i["alt"] for i in probe["images"] if i["width"] == 0] == []
+
+
+@pytest.mark.browser
+def test_report_shows_the_findings_and_summary_tables(run_dir, tmp_path):
+    done = chromium(tmp_path, "--dump-dom", (run_dir / "report.html").as_uri())
+    dom = done.stdout
+    findings = re.search(r'<table id="findings">.*?</table>', dom, re.S).group(0)
+    assert (
+        "97% of units dead since step 12" in findings and "features.1.2" in findings and "warning" in findings
+    )
+    summary = re.search(r'<table id="summary">.*?</table>', dom, re.S).group(0)
+    assert summary.count("<tr>") >= 15 and "features.0.0" in summary and "Conv2d" in summary
+    assert "56.55 k" in dom  # the parameter count card
+
+
+@pytest.mark.browser
+def test_report_screenshot_is_not_blank(run_dir, tmp_path):
+    shot = tmp_path / "shot.png"
+    done = chromium(
+        tmp_path, "--window-size=1280,2000", f"--screenshot={shot}", (run_dir / "report.html").as_uri()
+    )
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
+    assert pixels.shape == (2000, 1280)
+    assert pixels.std() > 20  # text, tables and figures; a blank page is one flat colour
+    assert (pixels < 128).mean() > 0.01
+
+
+def test_report_works_without_network_resources(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert not re.findall(r'(?:src|href)="(?:https?:)?//', page)
+    assert "<script" not in page
+    assert page.count('src="data:image/png;base64,') == len(re.findall(r"<img ", page))
+
+
+def test_report_of_a_partial_folder_explains_what_is_missing(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"name": "bare", "options": {"doctor": False}}))
+    report = write_report(tmp_path).read_text()
+    assert "Not recorded: the run used --no-doctor" in report
+    assert "The doctor was off for this run." in report
+    assert report.count('class="note"') >= 5
