@@ -7,6 +7,7 @@ from hookscope.callbacks.cost import CallbackCost
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.guard import NonFiniteGuard
+from hookscope.callbacks.loggers import MetricsLogger
 from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
 from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
 from hookscope.callbacks.precision import MixedPrecision
@@ -38,6 +39,7 @@ __all__ = [
     "LRFindResult",
     "LRFinder",
     "LRScheduler",
+    "MetricsLogger",
     "MixedPrecision",
     "NonFiniteGuard",
     "OneCycle",
