@@ -103,3 +103,39 @@ def test_many_steps_are_compacted_without_losing_any():
     learn.fit(1)
     losses = learn.recorder.losses
     assert len(losses) == 1100
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_no_host_reads_per_step(monkeypatch, in_memory):
+    """Host reads of tensor values (device syncs on accelerators) happen per epoch, never per step.
+
+    SGD: torch's Adam reads its CPU step counter with ``.item()`` (no device sync, but it would count here).
+    """
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _original=original, _name=name):
+            reads.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+
+    def reads_during_fit(n_batches):
+        torch.manual_seed(0)
+        x, y = torch.randn(8 * n_batches, 4), torch.randint(0, 3, (8 * n_batches,))
+        loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        dls = hs.DataLoaders(loader, loader, in_memory=in_memory)
+        learn = hs.Learner(
+            nn.Linear(4, 3),
+            dls,
+            nn.CrossEntropyLoss(),
+            opt_func=torch.optim.SGD,
+            metrics=[hs.metrics.accuracy],
+            progress=False,
+        )
+        reads.clear()
+        learn.fit(2)
+        return len(reads)
+
+    assert reads_during_fit(3) == reads_during_fit(12)
