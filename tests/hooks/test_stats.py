@@ -95,6 +95,17 @@ def test_zeros_and_nonfinite_are_exact_in_a_large_tensor_whose_histogram_is_samp
     assert np.abs(shares - want_shares).max() < 0.02
 
 
+def test_counts_stay_exact_beyond_float32_integer_precision():
+    x = torch.zeros(2**24 + 5)
+    x[:7] = 1.0
+    x[-1] = float("nan")
+    stats = RunningStats(sample=64)
+    stats.update(x)
+    got = stats.read()
+    assert got.nonfinite == 1
+    assert got.zero_fraction == (x.numel() - 8) / x.numel()
+
+
 def test_all_nonfinite_gives_nan_moments_not_an_error():
     stats = RunningStats()
     stats.update(torch.full((3, 2), float("nan")))

@@ -181,15 +181,15 @@ def _batch_stats(
     total, total_sq = values.sum(), scratch.sum()
     # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
     torch.mul(x, 0.0, out=scratch).nan_to_num_(nan=1.0)
-    nonfinite = scratch.sum(dtype=count_dtype).to(values.dtype)
+    nonfinite = scratch.sum(dtype=count_dtype)
     magnitude = values.abs_()
     if x.dim() >= 2:
         maxes, channels = magnitude.amax(dim=[d for d in range(x.dim()) if d != 1]), True
     else:
         maxes, channels = magnitude.amax().reshape(1), False
-    nonzero = magnitude.sign_().sum(dtype=count_dtype).to(values.dtype)
-    head = torch.stack([total, total_sq, nonzero, nonfinite]).to(torch.float64)
-    return torch.cat([head, histogram]), maxes, channels
+    nonzero = magnitude.sign_().sum(dtype=count_dtype)
+    head = torch.stack([total, total_sq, nonzero, nonfinite])  # promoted to float64 for huge tensors
+    return torch.cat([head, histogram]).to(torch.float64), maxes, channels
 
 
 class _ScratchBuffers:
@@ -220,7 +220,7 @@ _SCRATCH = _ScratchBuffers()
 
 
 def _histogram(x: torch.Tensor, bins: int, hist_range: tuple[float, float], sample: int) -> torch.Tensor:
-    """float64 counts of the finite values of ``x`` (or of every ``stride``-th one), out-of-range clamped."""
+    """Counts of the finite values of ``x`` (or of every ``stride``-th one), out-of-range clamped."""
     low, high = hist_range
     values = x.reshape(-1) if x.is_contiguous() else x.flatten()
     stride = _sample_stride(values.numel(), sample)
@@ -228,7 +228,7 @@ def _histogram(x: torch.Tensor, bins: int, hist_range: tuple[float, float], samp
         values = values[::stride]
     # histc skips NaN, so every non-finite value becomes NaN; clamping keeps out-of-range values in.
     values = torch.nan_to_num(values, nan=math.nan, posinf=math.nan, neginf=math.nan).clamp_(low, high)
-    return torch.histc(values, bins=bins, min=low, max=high).to(torch.float64)
+    return torch.histc(values, bins=bins, min=low, max=high)
 
 
 def _sample_stride(n: int, sample: int) -> int:
