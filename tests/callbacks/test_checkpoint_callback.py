@@ -128,6 +128,15 @@ def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt", "last.pt"]
 
 
+def test_an_lr_sweep_writes_no_checkpoint(tmp_path):
+    learn = tiny_learner([Checkpoint(tmp_path, every_n_steps=1, keep_last=2)])
+    learn.fit(1)
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    learn.lr_find(num_it=8)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == files
+    assert position(tmp_path / "last.pt")["training_step"] == BATCHES
+
+
 # ---- exact resume (in process) ----------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+from hookscope.callbacks.lr_finder import LRFinder
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
 
@@ -62,6 +63,7 @@ class Checkpoint(Callback):
         self._last_saved_step = -1
         self._interrupted = False
         self._stopped = False
+        self._sweeping = False
         self._previous_handler: Any = None
 
     @staticmethod
@@ -73,6 +75,10 @@ class Checkpoint(Callback):
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
+        # An LR sweep (lr_find) is not training: its weights must never become last.pt.
+        self._sweeping = any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        if self._sweeping:
+            return
         for stale in self.dir.glob(".*.tmp"):  # left by a process killed while writing
             stale.unlink(missing_ok=True)
         self._check_monitor()
@@ -85,12 +91,14 @@ class Checkpoint(Callback):
         learn = self.learn
         step = learn.training_step
         step_due = self.every_n_steps is not None and step % self.every_n_steps == 0
-        if not self._interrupted and not (step_due and step != self._last_saved_step):
+        if self._sweeping or not (self._interrupted or (step_due and step != self._last_saved_step)):
             return
         path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter + 1, step))
         self._stop_if_interrupted(path)
 
     def after_epoch(self) -> None:
+        if self._sweeping:
+            return
         learn = self.learn
         improved = self._improved()
         if not (self.every_epoch or improved or self._interrupted):
