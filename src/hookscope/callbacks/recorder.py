@@ -182,10 +182,11 @@ class Recorder(Callback):
         self._unsmoothed = []
 
     def _step_losses(self) -> torch.Tensor:
-        parts = [c.cpu() for c in self._chunks]
-        if self._pending:
-            parts.append(torch.stack(self._pending).float().cpu())
-        return torch.cat(parts) if parts else torch.zeros(0)
+        """All step losses in one tensor on the device of the newest ones (so one transfer reads them)."""
+        parts = [*self._chunks, torch.stack(self._pending).float()] if self._pending else list(self._chunks)
+        if not parts:
+            return torch.zeros(0)
+        return torch.cat([p.to(parts[-1].device) for p in parts])
 
     def _measure_metrics(self, pred: torch.Tensor, yb: tuple) -> None:
         for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
