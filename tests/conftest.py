@@ -25,5 +25,11 @@ def resnet18_eval() -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def china_224() -> torch.Tensor:
-    """scikit-learn's bundled china.jpg as (1, 3, 224, 224) in [0, 1]."""
+    """scikit-learn's bundled china.jpg as (1, 3, 224, 224) in [0, 1]: the seed article's input."""
     return sample_image(224)
+
+
+@pytest.fixture(scope="session")
+def china_64() -> torch.Tensor:
+    """The same photo at 64×64: a ResNet forward ~12× cheaper, for behaviour rather than the seed's shapes."""
+    return sample_image(64)

@@ -5,7 +5,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 import hookscope as hs
-from hookscope.data.images import sample_image
 
 
 def test_resnet34_conv_outputs_match_the_seed(resnet34_eval, china_224):
@@ -20,8 +19,8 @@ def test_resnet34_conv_outputs_match_the_seed(resnet34_eval, china_224):
     assert [r.name for r in cap.records][:3] == ["conv1", "layer1.0.conv1", "layer1.0.conv2"]
 
 
-def test_bn1_output_survives_the_inplace_relu(resnet34_eval, china_224):
-    model, x = resnet34_eval, china_224
+def test_bn1_output_survives_the_inplace_relu(resnet34_eval, china_64):
+    model, x = resnet34_eval, china_64
     with torch.no_grad(), hs.capture(model, "bn1") as cap:
         model(x)
     with torch.no_grad():
@@ -31,8 +30,8 @@ def test_bn1_output_survives_the_inplace_relu(resnet34_eval, china_224):
     assert torch.equal(cap["bn1"], expected)
 
 
-def test_input_of_inplace_relu_is_captured_before_it_is_overwritten(resnet34_eval, china_224):
-    model, x = resnet34_eval, china_224
+def test_input_of_inplace_relu_is_captured_before_it_is_overwritten(resnet34_eval, china_64):
+    model, x = resnet34_eval, china_64
     with torch.no_grad(), hs.capture(model, "relu", what="input") as cap:
         model(x)
     with torch.no_grad():
@@ -42,8 +41,8 @@ def test_input_of_inplace_relu_is_captured_before_it_is_overwritten(resnet34_eva
     assert cap["relu"].min().item() < 0
 
 
-def test_module_called_twice_keeps_both_calls(resnet34_eval, china_224):
-    model, x = resnet34_eval, china_224
+def test_module_called_twice_keeps_both_calls(resnet34_eval, china_64):
+    model, x = resnet34_eval, china_64
     with torch.no_grad(), hs.capture(model, "layer1.0.relu") as cap:
         model(x)
     calls = cap.calls("layer1.0.relu")
@@ -60,8 +59,8 @@ def _resnet_forward_from_bn1(model: nn.Module, bn1_out: torch.Tensor) -> torch.T
     return model.fc(torch.flatten(model.avgpool(h), 1))
 
 
-def test_bn1_grad_output_equals_autograd(resnet18_eval):
-    model, x = resnet18_eval, sample_image(96)  # small: two backward passes through a ResNet18
+def test_bn1_grad_output_equals_autograd(resnet18_eval, china_64):
+    model, x = resnet18_eval, china_64  # small: two backward passes through a ResNet18
     target = torch.tensor([3])
     bn1_out = model.bn1(model.conv1(x))
     loss = nn.functional.cross_entropy(_resnet_forward_from_bn1(model, bn1_out), target)
@@ -70,7 +69,7 @@ def test_bn1_grad_output_equals_autograd(resnet18_eval):
     with hs.capture(model, "bn1", what="grad_output") as cap:
         nn.functional.cross_entropy(model(x), target).backward()
     model.zero_grad(set_to_none=True)
-    assert cap["bn1"].shape == (1, 64, 48, 48)
+    assert cap["bn1"].shape == (1, 64, 32, 32)
     torch.testing.assert_close(cap["bn1"], expected)
     assert not torch.equal(cap["bn1"], torch.zeros_like(expected))
 
@@ -131,8 +130,8 @@ def test_mode_and_outputs_are_untouched():
     assert not model.training
 
 
-def test_to_cpu_and_reduce(resnet18_eval, china_224):
-    model, x = resnet18_eval, china_224
+def test_to_cpu_and_reduce(resnet18_eval, china_64):
+    model, x = resnet18_eval, china_64
     channel_mean = lambda t: t.mean(dim=(2, 3))  # noqa: E731
     with torch.no_grad(), hs.capture(model, nn.Conv2d, to="cpu", reduce=channel_mean) as cap:
         model(x)

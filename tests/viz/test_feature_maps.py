@@ -69,9 +69,9 @@ def test_save_figure_refuses_other_suffixes_and_leaves_no_temp_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_feature_maps_of_a_captured_conv(resnet18_eval, china_224):
+def test_feature_maps_of_a_captured_conv(resnet18_eval, china_64):
     with torch.no_grad(), hs.capture(resnet18_eval, "conv1") as cap:
-        resnet18_eval(china_224)
+        resnet18_eval(china_64)
     fig = hs.viz.feature_maps(cap["conv1"])
     assert len(_visible_panels(fig)) == 64
 
