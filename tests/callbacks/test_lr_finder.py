@@ -121,7 +121,7 @@ def test_lr_find_creates_the_optimizer_when_none_exists_yet():
 
 
 def test_plot_returns_a_log_scale_figure_of_the_smoothed_loss():
-    result = _learner().lr_find(num_it=20, stop_div=False)
+    result = _learner(opt_func=torch.optim.SGD).lr_find(start_lr=1e-3, end_lr=10.0, num_it=30)
     fig = result.plot()
 
     assert isinstance(fig, Figure)
@@ -130,6 +130,15 @@ def test_plot_returns_a_log_scale_figure_of_the_smoothed_loss():
     line = ax.get_lines()[0]
     assert list(line.get_xdata()) == result.lrs
     assert list(line.get_ydata()) == result.smoothed
+    assert ax.get_ylim()[1] < 2.1 * result.smoothed[0]  # the blow-up does not set the scale
+
+
+def test_plot_draws_into_a_given_axes():
+    result = _learner().lr_find(num_it=20, stop_div=False)
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert result.plot(ax) is fig
+    assert [line.get_label() for line in ax.get_lines()] == ["smoothed loss", "valley", "steepest", "minimum"]
 
 
 def test_valley_suggestion_is_halfway_down_the_longest_descent():

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.precision import MixedPrecision
@@ -33,7 +34,6 @@ from hookscope.train.events import CancelFitException, CancelValidException
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
     from hookscope.train.learner import Learner
 
@@ -55,15 +55,21 @@ class LRFindResult:
         return self.suggestions["valley"]
 
     def plot(self, ax: Axes | None = None) -> Figure:
-        """Smoothed loss against lr (log scale) with the suggestions marked; returns the Figure."""
-        # matplotlib is imported here so that importing hookscope stays fast.
-        from matplotlib.figure import Figure
+        """Smoothed loss against lr (log scale) with the suggestions marked; returns the Figure.
 
+        The y axis stops at twice the starting loss, so the blow-up at the end does not flatten the
+        part of the curve that matters.
+        """
         fig = Figure(figsize=(6, 4)) if ax is None else ax.figure
         ax = fig.add_subplot() if ax is None else ax
         ax.plot(self.lrs, self.smoothed, label="smoothed loss")
         for (name, lr), marker in zip(self.suggestions.items(), "ovs", strict=False):
             ax.plot([lr], [np.interp(math.log(lr), np.log(self.lrs), self.smoothed)], marker, label=name)
+        finite = [v for v in self.smoothed if math.isfinite(v)]
+        low, high = min(finite), min(max(finite), 2 * finite[0])
+        if high > low:
+            margin = 0.05 * (high - low)
+            ax.set_ylim(low - margin, high + margin)
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel("loss")
