@@ -72,6 +72,9 @@ def test_missing_names_in_a_list_are_named():
 def test_unsupported_spec_is_a_type_error():
     with pytest.raises(TypeError, match="unsupported selection spec 3"):
         hs.select(_net(), 3)
+    model = _net()
+    with pytest.raises(TypeError, match=r"module instance .*qualified name"):
+        hs.select(model, model[3])
 
 
 def test_selection_does_not_run_the_model():

@@ -50,6 +50,12 @@ def _matches(spec: Spec, name: str, module: nn.Module) -> bool:
         return isinstance(module, spec)
     if isinstance(spec, str):
         return fnmatch.fnmatchcase(name, spec)
+    if isinstance(spec, nn.Module):
+        # a module is callable, so without this check it would be called as a predicate with (name, module)
+        raise TypeError(
+            f"selection spec is a module instance ({type(spec).__name__}); pass its qualified name instead, "
+            "e.g. 'layer1.0.conv1' (list the names with hs.select(model))"
+        )
     if callable(spec):
         return bool(spec(name, module))
     if isinstance(spec, Sequence) and all(isinstance(s, str) for s in spec):
