@@ -81,7 +81,7 @@ class FlopCounter(TorchDispatchMode):
         if packet in EXTRA_FORMULAS:
             self._flops += EXTRA_FORMULAS[packet](*args, **kwargs)
         elif packet in flop_registry:
-            self._flops += flop_registry[packet](*args, **kwargs, out_val=out)
+            self._flops += _apply(flop_registry[packet], args, kwargs, out)
         return out
 
     def __enter__(self) -> FlopCounter:
@@ -104,3 +104,23 @@ class FlopCounter(TorchDispatchMode):
             super().__exit__(exc_type, exc, tb)
         finally:
             torch.backends.mha.set_fastpath_enabled(self._fastpath_was)
+
+
+def _apply(formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    """Call a registered formula. Most are wrapped (``functools.wraps``) by torch's ``shape_wrapper``, which
+    maps every argument through pytree to get shapes; that costs more than the rest of the counting, so the
+    wrapped formula gets the shapes directly. Formulas registered raw take the tensors themselves."""
+    shaped = getattr(formula, "__wrapped__", None)
+    if shaped is None:
+        return formula(*args, **kwargs, out_val=out)
+    return shaped(
+        *map(_shape_of, args), **{k: _shape_of(v) for k, v in kwargs.items()}, out_shape=_shape_of(out)
+    )
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, (list, tuple)):
+        return type(value)(_shape_of(v) for v in value)
+    return value
