@@ -240,6 +240,28 @@ def test_checkpoint_from_another_model_names_the_first_mismatching_keys(tmp_path
     assert "3.weight (3, 16) in file vs (3, 3) in model; build the same architecture" in message
 
 
+def test_checkpoint_from_another_optimizer_is_refused_in_one_line(tmp_path):
+    learn = tiny_learner()
+    learn.fit(1)
+    path = learn.save(tmp_path / "state.pt")
+    other = tiny_learner()
+    other.opt_func = torch.optim.SGD
+    with pytest.raises(
+        CheckpointError, match=r"holds AdamW optimizer state but this Learner uses SGD; pass opt_func=AdamW"
+    ):
+        other.load(path)
+
+    two_groups = tiny_learner()
+    layers = two_groups.model
+    two_groups.opt = torch.optim.AdamW(
+        [{"params": layers[0].parameters()}, {"params": layers[3].parameters()}]
+    )
+    with pytest.raises(
+        CheckpointError, match=r"state.pt: the optimizer state does not fit this optimizer \("
+    ):
+        two_groups.load(path)
+
+
 def test_export_safetensors_round_trips_and_handles_tied_weights(tmp_path):
     model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
     model[1].weight = model[0].weight  # tied, as in language models

@@ -351,6 +351,7 @@ def save_learner(learn: Learner, path: str | os.PathLike[str], position: Positio
         "model": unwrap(learn.model).state_dict(),
         "grads": _grads(learn.model),
         "optimizer": opt.state_dict() if opt is not None else None,
+        "optimizer_type": type(opt).__name__ if opt is not None else None,
         "callbacks": _callback_states(learn),
         "position": {
             "epoch": position.epoch,
@@ -374,7 +375,7 @@ def load_learner(learn: Learner, path: str | os.PathLike[str]) -> dict[str, Any]
     load_model_state(unwrap(learn.model), state["model"], str(path))
     _load_grads(learn.model, state["grads"])
     _load_callback_states(learn, state["callbacks"], str(path))
-    _load_optimizer(learn, state)
+    _load_optimizer(learn, state, str(path))
     return state
 
 
@@ -398,12 +399,24 @@ def _load_grads(model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
         param.grad = grads[name].to(param.device, param.dtype) if name in grads else None
 
 
-def _load_optimizer(learn: Learner, state: Mapping[str, Any]) -> None:
+def _load_optimizer(learn: Learner, state: Mapping[str, Any], source: str) -> None:
     if state["optimizer"] is None:
         return
     if learn.opt is None:
         learn.create_opt()
-    learn.opt.load_state_dict(state["optimizer"])
+    saved, own = state["optimizer_type"], type(learn.opt).__name__
+    if saved != own:
+        raise CheckpointError(
+            f"{source} holds {saved} optimizer state but this Learner uses {own}; "
+            f"pass opt_func={saved} (or load only the weights with learn.model.load_state_dict)"
+        )
+    try:
+        learn.opt.load_state_dict(state["optimizer"])
+    except ValueError as exc:
+        raise CheckpointError(
+            f"{source}: the optimizer state does not fit this optimizer ({_first_line(exc)}); "
+            "build the optimizer with the same parameter groups as the saved run"
+        ) from None
 
 
 def _callback_states(learn: Learner) -> dict[str, Any]:
@@ -485,7 +498,7 @@ class Resume:
 
     def after_before_fit(self, learn: Learner) -> int:
         """Load the optimizer (and, between epochs, the RNGs); return the epoch to start at."""
-        _load_optimizer(learn, self.state)
+        _load_optimizer(learn, self.state, self.source)
         if not self.mid_epoch_pending:
             restore_rng(self.state["rng"], rng_generators(learn))
         return self.position.epoch
