@@ -122,6 +122,20 @@ def test_a_missing_monitor_names_what_is_available():
         learn.fit(1)
 
 
+def test_without_validation_data_only_train_loss_can_be_monitored():
+    x = torch.randn(32, 4)
+    dl = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+
+    def learner(cb):
+        return hs.Learner(nn.Linear(4, 1), (dl, None), nn.MSELoss(), lr=0.0, cbs=[cb], progress=False)
+
+    with pytest.raises(ValueError, match=r"monitor='valid_loss' is measured on validation data"):
+        learner(EarlyStopping()).fit(1)
+    stopper = EarlyStopping(monitor="train_loss", patience=1)
+    learner(stopper).fit(5)
+    assert stopper.stopped_epoch == 1  # lr 0: the train loss never improves after epoch 0
+
+
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="mode='best'"):
         EarlyStopping(mode="best")

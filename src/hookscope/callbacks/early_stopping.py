@@ -47,6 +47,12 @@ class EarlyStopping(Callback):
         self._reset()
 
     def before_fit(self) -> None:
+        if self.learn.dls.valid is None and self.monitor != "train_loss":
+            # Without validation the value is NaN every epoch: the fit would stop after `patience` epochs.
+            raise ValueError(
+                f"EarlyStopping: monitor={self.monitor!r} is measured on validation data, but the learner "
+                "has none; pass hs.DataLoaders(train, valid) or monitor='train_loss'"
+            )
         if not self._restored:
             self._reset()
         self._restored = False
