@@ -73,11 +73,19 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
             fig.savefig(file, format="png", dpi=dpi)
             file.flush()
             os.fsync(file.fileno())
+        # mkstemp creates the file private (0600); give it the permissions a plain open() would
+        os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _channel_maps(tensor: torch.Tensor, index: int) -> torch.Tensor:
