@@ -226,6 +226,16 @@ def test_lr_scheduler_names_a_missing_monitor():
         learn.fit(1, cbs=[LRScheduler(factory, "epoch", monitor="accuracy")])
 
 
+def test_reduce_on_plateau_without_validation_data_must_monitor_the_train_loss():
+    x = torch.randn(16, 4)
+    dl = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    learn = hs.Learner(nn.Linear(4, 1), (dl, None), nn.MSELoss(), progress=False)
+    factory = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # noqa: E731
+    with pytest.raises(ValueError, match="monitors 'valid_loss', measured on validation data"):
+        learn.fit(1, cbs=[LRScheduler(factory, "epoch")])
+    learn.fit(1, cbs=[LRScheduler(factory, "epoch", monitor="train_loss")])
+
+
 def test_lr_scheduler_state_dict_resumes_the_torch_scheduler():
     learn = _learner()
     factory = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)  # noqa: E731

@@ -215,6 +215,12 @@ class LRScheduler(Callback):
                 f"LRScheduler: the {type(self.scheduler).__name__} was built on another optimizer than "
                 "learn.opt; pass a factory instead, e.g. LRScheduler(lambda opt: StepLR(opt, 10))"
             )
+        plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if plateau and self.learn.dls.valid is None and self.monitor != "train_loss":
+            raise ValueError(
+                f"LRScheduler: ReduceLROnPlateau monitors {self.monitor!r}, measured on validation data, but "
+                "the learner has none; pass hs.DataLoaders(train, valid) or monitor='train_loss'"
+            )
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
             self._pending_state = None
