@@ -6,13 +6,14 @@ pyplot, so hookscope neither opens windows nor changes the user's global backend
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
+
+from hookscope.run_folder import atomic_write_bytes
 
 
 def feature_maps(
@@ -58,34 +59,17 @@ def feature_maps(
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``fig`` as a PNG at ``path`` atomically (temp file in the same folder, fsync, rename).
+    """Write ``fig`` as a PNG at ``path`` atomically: a reader sees the old file or the whole new one.
 
-    A reader never sees a half-written image, even when the process is killed mid-save. Missing parent
+    The image is rendered in memory first, so a failing render leaves no file behind. Missing parent
     folders are created. Returns the path written.
     """
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"save_figure: {path} must end in .png (figures are written as PNG)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            fig.savefig(file, format="png", dpi=dpi)
-            file.flush()
-            os.fsync(file.fileno())
-        # mkstemp creates the file private (0600); give it the permissions a plain open() would
-        os.chmod(tmp, 0o666 & ~_current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _current_umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def _channel_maps(tensor: torch.Tensor, index: int) -> torch.Tensor:
