@@ -256,9 +256,9 @@ def _first_line(exc: BaseException) -> str:
 # Model weights
 
 
-def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
-    """``model.load_state_dict(state)`` after checking that keys and shapes match; otherwise one line
-    naming the first missing, unexpected and mis-shaped keys, and ``source`` (the file)."""
+def check_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raise one line naming ``source`` (the file) and the first missing, unexpected and mis-shaped keys
+    when ``state`` does not fit ``model``."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -281,7 +281,6 @@ def load_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source
             f"{source} was saved from another model ({type(model).__name__} here): {'; '.join(problems)}; "
             "build the same architecture before loading"
         )
-    model.load_state_dict(state)
 
 
 def export_safetensors(model: nn.Module, path: str | os.PathLike[str]) -> Path:
@@ -372,10 +371,10 @@ def load_learner(learn: Learner, path: str | os.PathLike[str]) -> dict[str, Any]
     The next ``fit`` starts at epoch 0 with these weights; ``fit(n, resume=path)`` continues instead.
     """
     state = load_checkpoint(path)
-    load_model_state(unwrap(learn.model), state["model"], str(path))
-    _load_grads(learn.model, state["grads"])
+    _check_fits(learn, state, str(path))
+    _load_model(learn, state)
     _load_callback_states(learn, state["callbacks"], str(path))
-    _load_optimizer(learn, state, str(path))
+    _load_optimizer(learn, state)
     return state
 
 
@@ -399,7 +398,9 @@ def _load_grads(model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
         param.grad = grads[name].to(param.device, param.dtype) if name in grads else None
 
 
-def _load_optimizer(learn: Learner, state: Mapping[str, Any], source: str) -> None:
+def _check_fits(learn: Learner, state: Mapping[str, Any], source: str) -> None:
+    """Refuse, before anything is changed, a checkpoint whose model or optimizer does not fit ``learn``."""
+    check_model_state(unwrap(learn.model), state["model"], source)
     if state["optimizer"] is None:
         return
     if learn.opt is None:
@@ -410,13 +411,23 @@ def _load_optimizer(learn: Learner, state: Mapping[str, Any], source: str) -> No
             f"{source} holds {saved} optimizer state but this Learner uses {own}; "
             f"pass opt_func={saved} (or load only the weights with learn.model.load_state_dict)"
         )
-    try:
-        learn.opt.load_state_dict(state["optimizer"])
-    except ValueError as exc:
+    saved_groups = [len(group["params"]) for group in state["optimizer"]["param_groups"]]
+    own_groups = [len(group["params"]) for group in learn.opt.param_groups]
+    if saved_groups != own_groups:
         raise CheckpointError(
-            f"{source}: the optimizer state does not fit this optimizer ({_first_line(exc)}); "
-            "build the optimizer with the same parameter groups as the saved run"
-        ) from None
+            f"{source}: parameter groups of {saved_groups} parameters in the file vs {own_groups} in this "
+            "optimizer; build the optimizer with the same parameter groups as the saved run"
+        )
+
+
+def _load_model(learn: Learner, state: Mapping[str, Any]) -> None:
+    unwrap(learn.model).load_state_dict(state["model"])
+    _load_grads(learn.model, state["grads"])
+
+
+def _load_optimizer(learn: Learner, state: Mapping[str, Any]) -> None:
+    if state["optimizer"] is not None:
+        learn.opt.load_state_dict(state["optimizer"])
 
 
 def _callback_states(learn: Learner) -> dict[str, Any]:
@@ -489,8 +500,8 @@ class Resume:
                 "schedules that span the fit (one-cycle, cosine) change, so the run will differ",
                 stacklevel=3,
             )
-        load_model_state(unwrap(learn.model), self.state["model"], self.source)
-        _load_grads(learn.model, self.state["grads"])
+        _check_fits(learn, self.state, self.source)
+        _load_model(learn, self.state)
         _load_callback_states(learn, self.state["callbacks"], self.source)
         learn.train_iter = self.position.train_iter
         learn.training_step = self.position.training_step
@@ -498,7 +509,7 @@ class Resume:
 
     def after_before_fit(self, learn: Learner) -> int:
         """Load the optimizer (and, between epochs, the RNGs); return the epoch to start at."""
-        _load_optimizer(learn, self.state, self.source)
+        _load_optimizer(learn, self.state)
         if not self.mid_epoch_pending:
             restore_rng(self.state["rng"], rng_generators(learn))
         return self.position.epoch
