@@ -228,3 +228,48 @@ def test_bad_settings_are_refused_with_the_fix():
         ActivationStats(every=0)
     with pytest.raises(ValueError, match="history >= 2"):
         GradientStats(history=1)
+
+
+def test_a_module_called_twice_per_step_and_a_tuple_output_are_both_recorded():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = nn.Linear(36, 36)
+            self.rnn = nn.GRU(36, 3, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.shared(self.shared(x.flatten(1)))
+            out, _ = self.rnn(h.unsqueeze(1))  # the GRU returns (output, hidden)
+            return out[:, 0]
+
+    acts = ActivationStats(select=["shared", "rnn"])
+    learner(Twice(), acts).fit(1)
+    first = acts.history["shared"][0].stats
+    assert first.count == 2 * 8 * 36  # both calls of the batch of 8
+    assert acts.history["rnn"][0].stats.count == 8 * 1 * 3
+
+
+def test_a_second_fit_continues_the_history_and_an_interrupt_removes_the_hooks():
+    class Interrupt(hs.Callback):
+        def after_pred(self) -> None:
+            if self.learn.training_step == 9:
+                raise KeyboardInterrupt
+
+    model = small_cnn()
+    acts = ActivationStats()
+    learn = learner(model, acts)
+    learn.fit(1)
+    with pytest.raises(KeyboardInterrupt):
+        learn.fit(1, cbs=[Interrupt()])
+    assert all_hooks(model) == 0
+    assert [r.step for r in acts.history["0"]] == list(range(9))
+
+
+def test_gradient_stats_see_unscaled_gradients_under_float16_loss_scaling():
+    grads = GradientStats(output_grads=False, update_ratio=False)
+    reference = GradientStats(output_grads=False, update_ratio=False)
+    learner(small_cnn(), reference).fit(1)
+    learner(small_cnn(), grads, hs.callbacks.MixedPrecision(torch.float16, init_scale=2.0**10)).fit(1)
+    got = [r.grad_norm for r in grads.param_history["0.weight"]]
+    want = [r.grad_norm for r in reference.param_history["0.weight"]]
+    assert got[0] == pytest.approx(want[0], rel=0.05)
