@@ -81,7 +81,8 @@ class LRFinder(Callback):
     """Set the lr to ``start_lr * (end_lr / start_lr) ** (i / (num_it - 1))`` at training batch ``i``,
     record each loss (read once per batch: the sweep needs it to stop), skip validation, and stop after
     ``num_it`` batches or when the smoothed loss diverges (``stop_div``). It changes the weights: use it
-    through ``learn.lr_find()``, which puts everything back."""
+    through ``learn.lr_find()``, which puts everything back. ``learn.lr_finder`` exists only during a
+    sweep, so callbacks that should not run then can check for it."""
 
     order = 60
     run_after = (ParamScheduler, LRScheduler)
@@ -105,11 +106,6 @@ class LRFinder(Callback):
         self.stop_div = stop_div
         self.beta = beta
         self._reset()
-
-    @property
-    def name(self) -> str:
-        """``learn.lr_finder`` exists during a sweep: callbacks that should not run then can check it."""
-        return "lr_finder"
 
     def before_fit(self) -> None:
         self._reset()

@@ -202,10 +202,6 @@ class LRScheduler(Callback):
         self.monitor = monitor
         self._pending_state: dict[str, Any] | None = None
 
-    @property
-    def name(self) -> str:
-        return "lr_scheduler"
-
     def before_fit(self) -> None:
         opt = self.learn.opt
         if self.factory is not None and (self.scheduler is None or self.scheduler.optimizer is not opt):

@@ -105,4 +105,5 @@ def _refers_to(refs: tuple[type | str, ...], cb: Callback) -> bool:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    # An acronym stays one word: LRFinder -> lr_finder, GradientClip -> gradient_clip.
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
