@@ -336,6 +336,17 @@ def test_resume_with_another_epoch_count_warns(tmp_path):
         tiny_learner().fit(2, resume=path)
 
 
+def test_resume_with_persistent_workers_warns_that_worker_randomness_differs(tmp_path):
+    learn = tiny_learner()
+    learn.fit(1)
+    path = learn.save(tmp_path / "state.pt")
+    persistent = tiny_learner()
+    train = persistent.dls.train
+    persistent.dls.train = DataLoader(train.dataset, batch_size=8, num_workers=1, persistent_workers=True)
+    with pytest.warns(UserWarning, match="persistent_workers=True: the new worker processes start fresh"):
+        persistent.fit(1, resume=path)  # already at the end: no epoch runs, no worker starts
+
+
 def test_resume_last_without_a_checkpoint_callback_says_what_to_do():
     with pytest.raises(ValueError, match="no Checkpoint callback; add cbs="):
         tiny_learner().fit(1, resume="last")

@@ -500,6 +500,13 @@ class Resume:
                 "schedules that span the fit (one-cycle, cosine) change, so the run will differ",
                 stacklevel=3,
             )
+        if self.position.epoch > 0 and getattr(learn.dls.train, "persistent_workers", False):
+            warnings.warn(
+                f"resuming {file} at epoch {self.position.epoch} with persistent_workers=True: the new "
+                "worker processes start fresh random streams, so random transforms inside workers differ "
+                "from the original run; use persistent_workers=False for an exact resume",
+                stacklevel=3,
+            )
         _check_fits(learn, self.state, self.source)
         _load_model(learn, self.state)
         _load_callback_states(learn, self.state["callbacks"], self.source)
