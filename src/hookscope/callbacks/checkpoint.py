@@ -6,8 +6,9 @@ are hard links, so they cost no extra disk and survive the rotation of the numbe
 ``learn.fit(n_epoch, resume="last")`` (or a path).
 
 Ctrl-C during ``fit`` does not kill the step half-way: the first press asks for a stop, the current
-training batch finishes, a checkpoint is written, the resume command is printed and ``KeyboardInterrupt``
-is raised (exit code non-zero). A second press stops at once without saving.
+training batch (or the epoch's validation) finishes, a checkpoint is written, the resume command is printed
+and ``KeyboardInterrupt`` is raised (exit code non-zero). A second press stops at once without saving.
+An LR sweep (``lr_find``) writes nothing.
 """
 
 from __future__ import annotations
