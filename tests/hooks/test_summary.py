@@ -390,3 +390,51 @@ def test_learner_summary_uses_one_training_batch_and_fires_no_callback():
     assert torch.equal(train_dl.generator.get_state(), loader_state)
     assert torch.equal(torch.get_rng_state(), rng_state)
     assert [row.depth for row in learn.summary(depth=1).rows] == [0, 1, 1]
+
+
+class Fallback(nn.Module):
+    """Recovers from a failing branch, then (optionally) fails later in another module."""
+
+    def __init__(self, fail_later: bool) -> None:
+        super().__init__()
+        self.wide = nn.Linear(16, 4)
+        self.narrow = nn.Linear(8, 4)
+        self.head = nn.Linear(5 if fail_later else 4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            h = self.wide(x)
+        except RuntimeError:
+            h = self.narrow(x)
+        return self.head(h)
+
+
+def test_a_failure_recovered_inside_the_forward_is_not_blamed():
+    s = hs.summary(Fallback(fail_later=False), input_size=(3, 8))
+    assert s.failed_module is None
+    assert [row.name for row in s.rows if row.failed] == ["wide"]
+    with pytest.raises(RuntimeError) as info:
+        hs.summary(Fallback(fail_later=True), input_size=(3, 8))
+    assert info.value.summary.failed_module == "head"
+    assert "module 'head' (Linear)" in "\n".join(info.value.__notes__)
+
+
+def test_a_module_returning_none_is_not_a_failure():
+    class Logger(nn.Module):
+        def forward(self, x: torch.Tensor) -> None:
+            return None
+
+    class WithLogger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log = Logger()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.log(x)
+            return self.fc(x)
+
+    s = hs.summary(WithLogger(), input_size=(1, 4))
+    log_row = next(row for row in s.rows if row.name == "log")
+    assert (log_row.failed, log_row.output_shapes) == (False, [])
+    assert "--" in str(s)

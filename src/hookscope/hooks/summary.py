@@ -166,12 +166,12 @@ def summary(
                 with tracer.counter:
                     _forward(model, args, kw, run_device, model_device)
             except Exception as exc:
-                partial = _build(model, tracer, depth, args, kw)
+                partial = _build(model, tracer, depth, args, kw, raised=True)
                 _add_note(exc, _failure_note(tracer, partial))
                 with suppress(AttributeError):  # an exception type with __slots__ cannot carry it
                     exc.summary = partial  # type: ignore[attr-defined]
                 raise
-    return _build(model, tracer, depth, args, kw)
+    return _build(model, tracer, depth, args, kw, raised=False)
 
 
 @dataclass
@@ -238,11 +238,21 @@ class _Tracer:
             self.calls[call.parent].child_flops += inclusive
         if not call.completed:
             call.row.failed = True
-            if self.failed is None:
+            # The culprit is the innermost call of the chain the error propagates through: a failure caught
+            # and recovered from inside the forward is replaced by a later one, but not by its ancestors.
+            if self.failed is None or not self._encloses(index, self.failed):
                 self.failed = index
 
+    def _encloses(self, outer: int, inner: int) -> bool:
+        parent = self.calls[inner].parent
+        while parent is not None and parent != outer:
+            parent = self.calls[parent].parent
+        return parent == outer
 
-def _build(model: nn.Module, tracer: _Tracer, depth: int | None, args: Any, kwargs: Any) -> Summary:
+
+def _build(
+    model: nn.Module, tracer: _Tracer, depth: int | None, args: Any, kwargs: Any, raised: bool
+) -> Summary:
     kept = [i for i, call in enumerate(tracer.calls) if depth is None or call.row.depth <= depth]
     macs = _fold_macs(tracer.calls, set(kept))
     rows = [tracer.calls[i].row for i in kept]
@@ -253,7 +263,7 @@ def _build(model: nn.Module, tracer: _Tracer, depth: int | None, args: Any, kwar
             row.params, row.trainable_params = params.get(row.name, (0, 0))
     unique_params = list(model.parameters())
     unique_buffers = list(model.buffers())
-    failed = tracer.calls[tracer.failed].row.name if tracer.failed is not None else None
+    failed = tracer.calls[tracer.failed].row.name if raised and tracer.failed is not None else None
     return Summary(
         model_type=type(model).__name__,
         rows=rows,
