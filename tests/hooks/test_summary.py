@@ -340,6 +340,8 @@ def test_conv_channel_mismatch_says_what_the_conv_expects():
         ({}, "needs an input"),
         ({"example_input": torch.randn(1, 4), "input_size": (1, 4)}, "not both"),
         ({"input_size": [(1, 4), (1, 4)], "dtypes": [torch.float32]}, "2 input shapes but 1 dtypes"),
+        ({"example_input": torch.randn(1, 4), "dtypes": [torch.float32]}, "dtypes go with input_size"),
+        ({"input_size": (1, 4), "depth": -1}, "depth=-1 must be >= 0"),
     ],
 )
 def test_bad_arguments_get_one_line_errors(kwargs, message):

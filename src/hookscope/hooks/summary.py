@@ -154,6 +154,8 @@ def summary(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"hs.summary needs an nn.Module, got {type(model).__name__}; pass the model itself")
+    if depth is not None and depth < 0:
+        raise ValueError(f"hs.summary: depth={depth} must be >= 0 (0 lists only the model itself)")
     model_device = _model_device(model)
     run_device = torch.device(device) if device is not None else model_device
     _check_device(model_device, run_device)
@@ -192,13 +194,14 @@ class _Tracer:
     """Hook callbacks that record one :class:`_Call` per module call, in the order calls start."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.names = {id(m): name for name, m in model.named_modules()}
+        named = list(model.named_modules())
+        self.names = {id(m): name for name, m in named}
+        self.modules = [m for _, m in named]
         self.counter = FlopCounter()
         self.calls: list[_Call] = []
         self.stack: list[int] = []
         self.call_counts: dict[int, int] = {}
         self.failed: int | None = None
-        self.modules = [m for _, m in model.named_modules()]
         # Activation memory is estimated from leaf outputs only: a container's output is a child's output.
         self.leaves = {id(m) for m in self.modules if next(m.children(), None) is None}
 
@@ -313,6 +316,8 @@ def _inputs(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if example_input is not None and input_size is not None:
         raise ValueError("hs.summary: pass example_input or input_size, not both")
+    if dtypes is not None and input_size is None:
+        raise ValueError("hs.summary: dtypes go with input_size; an example_input keeps its own dtypes")
     if input_size is not None:
         return _random_inputs(model, input_size, dtypes, device), _to_device(kwargs, device)
     if example_input is None and not kwargs:
