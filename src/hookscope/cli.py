@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,8 +34,9 @@ class CommandError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["hookscope", *argv])
     try:
         return args.handler(args)
     except KeyboardInterrupt:
@@ -185,7 +187,7 @@ def _train(args: argparse.Namespace) -> int:
         folder = RunFolder.start(out)
     options.out = str(folder.final)
     try:
-        result = demo.run(options, folder, resume=bool(args.resume), argv=sys.argv)
+        result = demo.run(options, folder, resume=bool(args.resume), command=args.command_line)
     except KeyboardInterrupt:
         print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
         return 130
@@ -238,7 +240,7 @@ def _inspect(args: argparse.Namespace) -> int:
             "e.g. --select Conv2d"
         )
     folder = RunFolder.start(args.out or f"runs/inspect-{_short_name(args.model)}")
-    atomic_write_json(folder.file("config.json"), {"command": " ".join(sys.argv), "options": _options(args)})
+    atomic_write_json(folder.file("config.json"), {"command": args.command_line, "options": _options(args)})
     layers = []
     for i, (label, tensor) in enumerate(maps):
         png = f"{i:02d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.png"
@@ -337,7 +339,7 @@ def _explain(err: Exception) -> tuple[int, str]:
 
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
-    return {k: v for k, v in vars(args).items() if k not in ("handler", "debug", "command")}
+    return {k: v for k, v in vars(args).items() if k not in ("handler", "debug", "command", "command_line")}
 
 
 def _one_line(text: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,12 +73,10 @@ class TrainResult:
     duration_s: float
 
 
-def run(
-    options: TrainOptions, folder: RunFolder, *, resume: bool = False, argv: Sequence[str] = ()
-) -> TrainResult:
+def run(options: TrainOptions, folder: RunFolder, *, resume: bool = False, command: str = "") -> TrainResult:
     """Train as ``options`` say and write every file of the run into ``folder`` (still partial).
 
-    ``resume=True`` continues from ``folder/checkpoints/last.pt`` (H7's exact resume) to ``options.epochs``.
+    ``resume=True`` continues from ``folder/checkpoints/last.pt`` to ``options.epochs``.
     Model, data and input problems raise :class:`~hookscope.specs.SpecError` before anything trains.
     """
     start, started = time.perf_counter(), _now()
@@ -95,7 +92,7 @@ def run(
     fix = f"use --data whose samples fit {options.model}, or a --model built for them"
     summary = checked_summary(model, options.model, fix, example=sample)
     _write_summary(folder, summary)
-    write_config(folder, options, argv, started=started, status="running")
+    write_config(folder, options, command, started=started, status="running")
     learn = Learner(
         model,
         (data.train, data.valid),
@@ -112,7 +109,9 @@ def run(
         _write_stats(folder, learn.doctor)
     _write_figures(folder, learn, sample.to(device))
     duration = _elapsed(start)
-    write_config(folder, options, argv, started=started, ended=_now(), duration_s=duration, status="complete")
+    write_config(
+        folder, options, command, started=started, ended=_now(), duration_s=duration, status="complete"
+    )
     write_report(folder.path)
     return TrainResult(learn, findings, duration)
 
@@ -245,11 +244,11 @@ def _write_feature_maps(folder: RunFolder, model: nn.Module, sample: torch.Tenso
         save_figure(fig, folder.file(f"figures/feature_maps_{name}.png"), dpi=80)
 
 
-def write_config(folder: RunFolder, options: TrainOptions, argv: Sequence[str], **extra: Any) -> Path:
+def write_config(folder: RunFolder, options: TrainOptions, command: str, **extra: Any) -> Path:
     """``config.json``: the options, the command line, library versions and ``extra`` (times, results)."""
     config = {
         "name": folder.final.name,
-        "command": " ".join(["hookscope", *argv[1:]]),
+        "command": command,
         "options": asdict(options),
         "versions": versions(),
         **extra,

@@ -14,6 +14,7 @@ import html
 import json
 import math
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.run_folder import atomic_write_text
 
 REPORT = "report.html"
-WIDE_ASPECT = 2.2  # figures wider than this (loss + metrics side by side) take the whole row
+WIDE_ASPECT = 2.4  # figures wider than this (loss + metrics side by side) take the whole row
 
 # (section title, figure file-name prefixes, what the reader looks at)
 SECTIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -43,6 +44,18 @@ SECTIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "Gradient norms per layer: vanishing gradients show as a collapsing bar.",
     ),
     ("Feature maps", ("feature_maps",), "What the first conv layers produce on one validation sample."),
+)
+
+CAPTIONS: tuple[tuple[str, str], ...] = (
+    ("loss", "Loss per training step (raw and smoothed) and per epoch; validation metrics per epoch"),
+    ("lr", "Learning rate at every training step"),
+    ("activations", "Mean, standard deviation and fraction of dead units of each layer's output, per step"),
+    ("colorful", "Colorful dimension of {layer}: its histogram at every step"),
+    (
+        "gradient_flow",
+        "Gradient norm per layer (median bar, range line, last step dot) and update/weight ratio",
+    ),
+    ("feature_maps", "Feature maps of {layer}"),
 )
 
 STYLE = """
@@ -148,7 +161,7 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
         for k, v in cards
         if v is not None
     )
-    started = config.get("started", "")
+    started = _when(config.get("started", ""))
     command = config.get("command", "")
     return (
         f"<header><h1>hookscope run <code>{html.escape(str(config.get('name', '')))}</code></h1>"
@@ -187,13 +200,22 @@ def _figures_html(figures: list[Path]) -> str:
     items = []
     for path in figures:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = path.stem.replace("_", " ")
+        caption = _caption(path.stem)
         wide = ' class="wide"' if _aspect(path) > WIDE_ASPECT else ""
         items.append(
             f'<figure{wide}><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
     return f'<div class="figs">{"".join(items)}</div>'
+
+
+def _caption(stem: str) -> str:
+    """A readable caption for the figure names the train job writes; other figures keep their name."""
+    for prefix, text in CAPTIONS:
+        if stem == prefix or stem.startswith(prefix + "_"):
+            layer = stem[len(prefix) + 1 :]
+            return text.format(layer=layer) if layer else text.replace(" {layer}", "")
+    return stem.replace("_", " ")
 
 
 def _aspect(png: Path) -> float:
@@ -307,6 +329,15 @@ def _count(value: Any) -> str | None:
         if abs(value) >= size:
             return f"{value / size:.2f} {unit}"
     return str(int(value))
+
+
+def _when(iso: str) -> str:
+    """``2026-11-22T03:47:44+00:00`` -> ``2026-11-22 03:47 UTC`` (anything else is shown as it is)."""
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    return moment.strftime("%Y-%m-%d %H:%M %Z").strip()
 
 
 def _duration(seconds: Any) -> str | None:
