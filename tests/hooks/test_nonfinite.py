@@ -174,3 +174,50 @@ def test_report_to_dict_is_plain():
     x, _ = _data()
     d = hs.find_nonfinite(model, x).to_dict()
     assert d["module"] == "1" and d["op"] == "aten.log" and d["output_shapes"] == [(6, 8)]
+
+
+def test_non_finite_weights_are_blamed_on_the_parameter():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Embedding(10, 4))
+    with torch.no_grad():
+        model[1].weight[3, 0] = float("inf")
+    report = hs.find_nonfinite(nn.Sequential(model[1]), torch.tensor([[3, 1]]))
+    assert (report.phase, report.module, report.module_type, report.inf) == (
+        "parameter",
+        "0.weight",
+        "Embedding",
+        1,
+    )
+    assert "reload the last good checkpoint" in str(report)
+
+
+def test_in_place_op_is_named_from_its_finite_input():
+    class InplaceLog(nn.Module):
+        def forward(self, x):
+            return x.clone().log_()
+
+    model = nn.Sequential(nn.Linear(4, 6), InplaceLog())
+    x, _ = _data()
+    assert hs.find_nonfinite(model, x).op == "aten.log_"
+
+
+def test_dict_inputs_and_outputs_with_integer_ids():
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, ids, scale=1.0):
+            return {"logits": self.head(torch.log(self.emb(ids).exp() * scale)).mean(1)}
+
+    torch.manual_seed(0)
+    model = Tagger()
+    ids = torch.randint(0, 10, (3, 5))
+    report = hs.find_nonfinite(model, {"ids": ids, "scale": -1.0})
+    assert (report.module, report.op) == ("", "aten.log")
+    assert "the model's own forward code (Tagger" in str(report)
+    healthy = hs.find_nonfinite(
+        model, {"ids": ids, "scale": 0.5},
+        lambda out, y: nn.functional.cross_entropy(out["logits"], y), torch.tensor([0, 1, 0]),
+    )  # fmt: skip
+    assert not healthy.found

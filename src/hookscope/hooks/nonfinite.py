@@ -51,7 +51,8 @@ _GENERIC_FIX = "lower the learning rate, clip gradients, add an epsilon where an
 class NonFiniteReport:
     """Where the first NaN/Inf appeared; ``found`` is False when everything was finite.
 
-    ``phase`` is ``"input"`` (the data already held it), ``"forward"`` (a module output or the loss) or
+    ``phase`` is ``"input"`` (the data already held it), ``"parameter"`` (a weight or buffer did: then
+    ``module`` is the parameter's qualified name), ``"forward"`` (a module output or the loss) or
     ``"backward"`` (a gradient). ``module`` is the qualified name (``""`` is the model's own forward,
     ``"loss_fn"`` the loss), ``call`` which call of that module in the forward, ``op`` the aten op
     (forward) or autograd node (backward) that made it, when the replay could name it.
@@ -85,6 +86,13 @@ class NonFiniteReport:
                 f"(shape {_shapes(self.output_shapes)}) has {counts}. Fix the data (missing values, a "
                 "normalisation dividing by a zero std, a corrupt file), not the model."
             )
+        if self.phase == "parameter":
+            return (
+                f"The model itself already holds non-finite values before any input reaches it: "
+                f"`{self.module}` ({self.module_type}, shape {_shapes(self.output_shapes)}) has {counts}. "
+                "An earlier update broke the weights: reload the last good checkpoint and train with "
+                "hs.callbacks.NonFiniteGuard to catch the step that does it."
+            )
         where = _where(self.module, self.module_type, self.call)
         fix = _FIXES.get(_op_base(self.op), _GENERIC_FIX)
         if self.phase == "forward":
@@ -117,7 +125,7 @@ def find_nonfinite(
     """
     args, kwargs = _split_inputs(inputs)
     targets = target if isinstance(target, tuple | list) else () if target is None else (target,)
-    bad_input = _first_bad_input(args, kwargs, targets)
+    bad_input = _first_bad_input(args, kwargs, targets) or _first_bad_parameter(model)
     if bad_input is not None:
         return bad_input
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -390,6 +398,20 @@ def _first_bad_input(args: tuple, kwargs: dict, targets: tuple) -> NonFiniteRepo
             shapes = [tuple(t.shape) for t in tensors]
             return NonFiniteReport(True, "input", label, None, None, None, [], shapes, nan, inf)
     return None
+
+
+def _first_bad_parameter(model: nn.Module) -> NonFiniteReport | None:
+    """A parameter or buffer that already holds NaN/Inf (weights broken by an earlier bad update)."""
+    named = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()]
+    if not named or bool(_all_finite([t for _, t in named])):
+        return None
+    name, tensor = next((n, t) for n, t in named if not bool(_all_finite([t])))
+    module = name.rpartition(".")[0]
+    nan, inf = _counts([tensor])
+    module_type = type(model.get_submodule(module)).__name__
+    return NonFiniteReport(
+        True, "parameter", name, module_type, None, None, [], [tuple(tensor.shape)], nan, inf
+    )
 
 
 def _leaves(model: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
