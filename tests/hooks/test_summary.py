@@ -13,6 +13,11 @@ def _hook_count(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
+def _explanation(exc: BaseException) -> str:
+    """The message plus hookscope's note (a PEP 678 note; on Python 3.10 it is part of the message)."""
+    return "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+
+
 def _lenet(fc_in: int = 400) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(3, 6, 5),
@@ -280,7 +285,7 @@ def test_shape_mismatch_in_sequential_names_module_shapes_and_expectation():
     model = _lenet(fc_in=400)
     with pytest.raises(RuntimeError, match="mat1 and mat2") as info:
         hs.summary(model, input_size=(1, 3, 28, 28))
-    note = "\n".join(info.value.__notes__)
+    note = _explanation(info.value)
     assert "module '7' (Linear)" in note
     assert "received [1, 256]" in note
     assert "Linear(in_features=400) got last dimension 256" in note
@@ -298,7 +303,7 @@ def test_shape_mismatch_in_a_custom_forward_names_the_nested_module():
     model = Flattening()
     with pytest.raises(RuntimeError) as info:
         hs.summary(model, input_size=(2, 1, 28, 28))
-    note = "\n".join(info.value.__notes__)
+    note = _explanation(info.value)
     assert "module 'classifier.0' (Linear)" in note
     assert "received [2, 2704]" in note
     assert "Linear(in_features=3136) got last dimension 2704" in note
@@ -312,7 +317,7 @@ def test_shape_mismatch_in_a_custom_forward_names_the_nested_module():
 def test_error_raised_by_the_models_own_code_keeps_its_type():
     with pytest.raises(RuntimeError, match="Sizes of tensors must match") as info:
         hs.summary(Concat(), (torch.randn(2, 8), torch.randn(3, 8)))
-    note = "\n".join(info.value.__notes__)
+    note = _explanation(info.value)
     assert "forward of Concat, which received [2, 8], [3, 8]" in note
     assert "Concat.forward itself" in note
     assert "a [2, 16] -> b [3, 4] -> (model) ✗" in note
@@ -331,7 +336,7 @@ def test_error_raised_by_the_models_own_code_keeps_its_type():
 def test_conv_channel_mismatch_says_what_the_conv_expects():
     with pytest.raises(RuntimeError) as info:
         hs.summary(_lenet(), input_size=(1, 1, 32, 32))
-    assert "Conv2d(in_channels=3) got 1 channels" in "\n".join(info.value.__notes__)
+    assert "Conv2d(in_channels=3) got 1 channels" in _explanation(info.value)
 
 
 @pytest.mark.parametrize(
@@ -418,7 +423,7 @@ def test_a_failure_recovered_inside_the_forward_is_not_blamed():
     with pytest.raises(RuntimeError) as info:
         hs.summary(Fallback(fail_later=True), input_size=(3, 8))
     assert info.value.summary.failed_module == "head"
-    assert "module 'head' (Linear)" in "\n".join(info.value.__notes__)
+    assert "module 'head' (Linear)" in _explanation(info.value)
 
 
 def test_a_module_returning_none_is_not_a_failure():
