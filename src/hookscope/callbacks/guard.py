@@ -54,7 +54,7 @@ class NonFiniteGuard(Callback):
         self._loss_ok: torch.Tensor | None = None
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
-        self._rng: torch.Tensor | None = None
+        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
@@ -70,7 +70,9 @@ class NonFiniteGuard(Callback):
         self._loss_ok = None
         if self._buffers:
             torch._foreach_copy_(self._saved, self._buffers)
-        self._rng = torch.get_rng_state()
+        device = _device(self.learn.model)
+        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self._rng = (torch.get_rng_state(), cuda)
 
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.learn.training:
@@ -105,8 +107,11 @@ class NonFiniteGuard(Callback):
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._saved)
         self._hooks.remove()
-        if self._rng is not None:
-            torch.set_rng_state(self._rng)
+        if self._rng is not None:  # the replay then draws the same dropout masks as the failed step
+            cpu, cuda = self._rng
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, _device(learn.model))
         self.report = find_nonfinite(learn.model, learn.xb, learn.loss_func, learn.yb)
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
@@ -123,6 +128,11 @@ class NonFiniteGuard(Callback):
             f"{learn.iter}): the first non-finite value was in the {self.reason}. The update of that step "
             f"was not applied, so the model keeps the weights of step {self.stopped_at}. {self.report}"
         )
+
+
+def _device(model: nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -79,7 +79,7 @@ class NonFiniteReport:
                 "No NaN or Inf: the inputs, every module output, the loss and every gradient that was "
                 "computed are finite."
             )
-        counts = f"{self.nan} NaN and {self.inf} Inf values"
+        counts = f"{self.nan} NaN and {self.inf} Inf values" if self.nan or self.inf else "non-finite values"
         if self.phase == "input":
             return (
                 f"The data already holds non-finite values before any module ran: {self.module} "
@@ -153,7 +153,6 @@ class _Call:
     input_shapes: list[tuple[int, ...]]
     output_shapes: list[tuple[int, ...]]
     finite: torch.Tensor
-    outputs: list[torch.Tensor]
 
 
 def _check(
@@ -172,7 +171,7 @@ def _check(
         finite = _all_finite(tensors)
         in_shapes = [tuple(t.shape) for t in _float_tensors(inputs)]
         out_shapes = [tuple(t.shape) for t in tensors]
-        calls.append(_Call(name, module_type, call, in_shapes, out_shapes, finite, tensors))
+        calls.append(_Call(name, module_type, call, in_shapes, out_shapes, finite))
 
     with HookSet() as hooks:
         for name, module in model.named_modules():
@@ -191,11 +190,10 @@ def _check(
     first = int(bad[0])
     if first == len(calls):
         return NonFiniteReport(found=True, phase="backward")
-    culprit = calls[first]
-    nan, inf = _counts(culprit.outputs)
+    culprit = calls[first]  # outputs are not kept (memory): the replay counts the values
     return NonFiniteReport(
         True, "forward", culprit.name, culprit.module_type, None, culprit.call,
-        culprit.input_shapes, culprit.output_shapes, nan, inf,
+        culprit.input_shapes, culprit.output_shapes,
     )  # fmt: skip
 
 
