@@ -231,12 +231,11 @@ class Learner:
             self.iter = i
             self.xb, self.yb = split_batch(batch)
             self.pred = self.loss_grad = self.loss = None
-            if not self.training:
-                self._with_events(self._do_batch, "batch", CancelBatchException)
-                continue
-            self.pct_train = (self.epoch + self.iter / self.n_iter) / self.n_epoch
+            if self.training:
+                self.pct_train = (self.epoch + self.iter / self.n_iter) / self.n_epoch
             self._with_events(self._do_batch, "batch", CancelBatchException)
-            self.train_iter += 1
+            if self.training:
+                self.train_iter += 1
 
     def _do_batch(self) -> None:
         self.pred = self.model(*self.xb)
