@@ -3,15 +3,19 @@
 Variants, run alternating in the same process (medians over rounds):
 
 - ``hookscope Learner``: the bare loop (baseline);
-- ``+ ActivationStats + GradientStats``: both monitor callbacks with ``every=1`` (default layers: the
-  modules that own parameters, as fastai's ActivationStats);
+- ``+ ActivationStats`` and ``+ ActivationStats + GradientStats``: the monitor callbacks with
+  ``every=1`` (default layers: the modules that own parameters, as fastai's ActivationStats); ``no
+  output-grad stats`` keeps GradientStats' parameter norms and update ratios but not the per-layer
+  statistics of output gradients, which cost as much as the activation statistics;
 - ``fastai Learner`` and ``fastai + ActivationStats(every=1)`` (mean, std, near-zero share; with
   ``with_hist=True`` also the histogram its colorful-dimension plot needs): fastai's loop and its own
   statistics callback on the same model, data and optimizer (skipped when fastai is not installed).
 
 Model and data: two 3x3 convs (1->16->32 channels, ReLU, max-pool) and a linear head on 1x28x28 inputs,
 batch 64, AdamW(lr=1e-3), in-memory tensors, CPU, one thread; each epoch ends with one validation batch.
-Target: the monitored Learner at most 1.10x the bare one.
+Target: the monitored Learner at most 1.10x the bare one. Times are CPU time of this process
+(``time.process_time``): with one thread that is the work done, and a busy shared machine inflates wall
+time by whatever else runs there (we saw 3x swings between identical runs).
 
     python benchmarks/stats_overhead.py            # full run
     python benchmarks/stats_overhead.py --quick    # smoke test
@@ -56,18 +60,18 @@ def loaders(steps: int) -> tuple[DataLoader, DataLoader]:
     return train, valid
 
 
-def hookscope_run(steps: int, activations: bool, gradients: bool) -> float:
+def hookscope_run(steps: int, activations: bool, gradients: bool, output_grads: bool = True) -> float:
     """Seconds per training step of one epoch of ``steps`` batches."""
     train, valid = loaders(steps)
     cbs: list[hs.Callback] = []
     if activations:
         cbs.append(hs.callbacks.ActivationStats(every=1))
     if gradients:
-        cbs.append(hs.callbacks.GradientStats(every=1))
+        cbs.append(hs.callbacks.GradientStats(every=1, output_grads=output_grads))
     learn = hs.Learner(small_cnn(), (train, valid), nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False)
-    start = time.perf_counter()
+    start = time.process_time()
     learn.fit(1)
-    return (time.perf_counter() - start) / steps
+    return (time.process_time() - start) / steps
 
 
 def fastai_run(steps: int, monitored: bool, with_hist: bool = False) -> float:
@@ -85,9 +89,9 @@ def fastai_run(steps: int, monitored: bool, with_hist: bool = False) -> float:
         cbs=[ActivationStats(every=1, with_hist=with_hist)] if monitored else [],
     )
     with learn.no_logging():
-        start = time.perf_counter()
+        start = time.process_time()
         learn.fit(1)
-    return (time.perf_counter() - start) / steps
+    return (time.process_time() - start) / steps
 
 
 def main() -> None:
@@ -98,6 +102,7 @@ def main() -> None:
         "hookscope Learner": partial(hookscope_run, steps, False, False),
         "+ ActivationStats": partial(hookscope_run, steps, True, False),
         "+ ActivationStats + GradientStats": partial(hookscope_run, steps, True, True),
+        "+ both, no output-grad stats": partial(hookscope_run, steps, True, True, False),
     }
     fastai, reason = optional_import("fastai.basics")
     skipped = {}
@@ -112,6 +117,7 @@ def main() -> None:
     times = run_alternating(variants, rounds)
     per_step_us = {name: median(values) * 1e6 for name, values in times.items()}
     title = f"stats overhead: small CNN 1x28x28, batch {BATCH}, {steps} steps x {rounds} rounds, 1 thread"
+    title += ", CPU time"
     print(format_table(title, per_step_us, "hookscope Learner", skipped))
     if "fastai Learner" in per_step_us:
         ratio = per_step_us["fastai + ActivationStats"] / per_step_us["fastai Learner"]
