@@ -135,6 +135,8 @@ def closing_words(result: TrainResult, run_dir: Path) -> str:
 
 def _device(options: TrainOptions) -> torch.device:
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"--device {options.device}: no CUDA device is available here; use --device cpu")
     if options.precision == "fp16" and device.type != "cuda":
         raise SpecError("--precision fp16 needs a CUDA device (it uses a gradient scaler); use bf16 on CPU")
     return device
