@@ -415,3 +415,45 @@ def test_a_batch_without_target_is_predicted_and_a_dict_batch_is_refused():
 
     with pytest.raises(TypeError, match="batch must be a tensor or a tuple/list"):
         learn.get_preds(DataLoader(Dicts(), batch_size=2))
+
+
+def test_loop_counters_follow_fastai_meaning():
+    seen = []
+
+    class Counters(hs.Callback):
+        def before_batch(self):
+            learn = self.learn
+            seen.append(
+                (learn.training, learn.epoch, learn.iter, learn.n_iter, learn.train_iter, learn.pct_train)
+            )
+
+    learn = _learner(cbs=[Counters()])
+    learn.fit(2)
+    training = [s for s in seen if s[0]]
+    assert [s[1:5] for s in training] == [(0, 0, 2, 0), (0, 1, 2, 1), (1, 0, 2, 2), (1, 1, 2, 3)]
+    assert [s[5] for s in training] == [0.0, 0.25, 0.5, 0.75]
+    assert [s[1:4] for s in seen if not s[0]] == [(0, 0, 1), (1, 0, 1)]
+    assert learn.training_step == 4 and learn.train_iter == 4
+
+
+def test_cancel_fit_in_before_fit_still_removes_per_fit_callbacks():
+    log = EventLog()
+    learn = _learner()
+    learn.fit(1, cbs=[log, RaiseAt("before_fit", hs.CancelFitException())])
+    assert log.seen == ["before_fit", "after_cancel_fit", "after_fit"]
+    assert learn.cbs == [learn.recorder]
+    assert learn.training_step == 0
+
+
+def test_loss_grad_replaced_in_after_loss_is_what_backward_uses():
+    class ZeroLoss(hs.Callback):
+        def after_loss(self):
+            self.learn.loss_grad = self.learn.loss_grad * 0
+
+    learn = _learner(cbs=[ZeroLoss()], opt_func=torch.optim.SGD)
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    learn.fit(1, lr=1.0)
+    assert learn.training_step == 2
+    assert all(loss > 0 for loss in learn.recorder.losses)  # the recorded loss is the true one
+    for p, b in zip(learn.model.parameters(), before, strict=True):
+        torch.testing.assert_close(p, b)
