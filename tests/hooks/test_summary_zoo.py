@@ -63,6 +63,7 @@ def _flopcountermode_macs(model: torch.nn.Module, size: tuple[int, ...]) -> int:
     return counter.get_total_flops() // 2
 
 
+@pytest.mark.filterwarnings("ignore:The default weight initialization:FutureWarning")  # googlenet, inception
 @pytest.mark.parametrize("name", ZOO)
 def test_params_and_macs_match_torch(name):
     model = _build(name)
