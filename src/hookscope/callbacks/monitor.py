@@ -265,17 +265,13 @@ class GradientStats(Callback):
         read_every: int = 100,
     ) -> None:
         _check_settings("GradientStats", every, history, read_every)
-        self.every, self.spec, self.output_grads, self.update_ratio = (
-            every,
-            select,
-            output_grads,
-            update_ratio,
-        )
+        self.every, self.spec = every, select
+        self.output_grads, self.update_ratio = output_grads, update_ratio
         self.bins, self.range, self.sample = bins, range, sample
         self.max_history, self.read_every = history, read_every
         self.stride = every
         self._hooks = HookSet()
-        self._grad_hooks = HookSet()  # tensor hooks of the current step, removed after every backward
+        self._grad_hooks = HookSet()  # tensor hooks of the current step, removed after every batch
         self._recording = False
         self._step = 0
         self._layers: _LayerRecorder | None = None
