@@ -457,3 +457,18 @@ def test_loss_grad_replaced_in_after_loss_is_what_backward_uses():
     assert all(loss > 0 for loss in learn.recorder.losses)  # the recorded loss is the true one
     for p, b in zip(learn.model.parameters(), before, strict=True):
         torch.testing.assert_close(p, b)
+
+
+def test_a_single_metric_or_callback_needs_no_list():
+    log = EventLog()
+    learn = _learner(cbs=log, metrics=hs.metrics.accuracy)
+    learn.fit(1, cbs=SkipEveryStep())
+    assert "accuracy" in learn.recorder.history[0] and learn.event_log is log
+    assert not hasattr(learn, "skip_every_step")
+
+
+def test_model_and_loss_are_checked_up_front():
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
+        hs.Learner(lambda x: x, _data(), nn.MSELoss(), progress=False)
+    with pytest.raises(TypeError, match="loss_func must be callable"):
+        hs.Learner(nn.Linear(3, 2), _data(), "mse", progress=False)

@@ -66,11 +66,15 @@ class Learner:
         device: torch.device | str | None = None,
         progress: bool | None = None,
     ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Learner: model must be a torch.nn.Module, not {type(model).__name__}")
+        if not callable(loss_func):
+            raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.model = model.to(self.device)
         self.dls = as_dataloaders(dls)
         self.loss_func, self.opt_func, self.lr = loss_func, opt_func, lr
-        self.metrics = list(metrics)
+        self.metrics = _as_list(metrics)
         self.opt: torch.optim.Optimizer | None = None
         self.n_epoch, self.epoch, self.n_iter, self.iter, self.train_iter = 0, 0, 0, 0, 0
         self.training_step, self.pct_train, self.training = 0, 0.0, False
@@ -84,7 +88,7 @@ class Learner:
         self._fast_sources: dict[int, TensorBatches] = {}
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
         self._resume: checkpoint.Resume | None = None
-        cbs = list(cbs)
+        cbs = _as_list(cbs)
         show_bar = sys.stdout.isatty() if progress is None else progress
         defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
@@ -149,7 +153,7 @@ class Learner:
         ``resume`` (a checkpoint file, a folder holding ``last.pt``, or ``"last"`` for the Checkpoint
         callback's newest) continues a saved run at the batch where it stopped.
         """
-        added = list(cbs or ())
+        added = _as_list(cbs or ())
         self.add_cbs(added)
         try:
             if lr is not None:
@@ -381,6 +385,11 @@ def split_batch(batch: tuple) -> tuple[tuple, tuple]:
     if len(batch) == 1:
         return batch, ()
     return batch[:-1], batch[-1:]
+
+
+def _as_list(items: Any) -> list[Any]:
+    """A single callback or metric, or an iterable of them, as a list (fastai accepts both)."""
+    return [items] if isinstance(items, Callback) or callable(items) else list(items)
 
 
 def _model_device(model: nn.Module) -> torch.device:
