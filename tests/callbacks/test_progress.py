@@ -64,3 +64,10 @@ def test_bar_is_closed_when_training_fails():
     with pytest.raises(RuntimeError, match="boom"):
         learn.fit(1)
     assert not bar.is_open
+
+
+def test_validate_outside_fit_shows_nothing_and_works():
+    bar, out = _bar()
+    learn = _learner(cbs=[bar])
+    assert set(learn.validate()) == {"valid_loss"}
+    assert out.getvalue() == "" and not bar.is_open
