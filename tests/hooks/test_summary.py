@@ -445,3 +445,10 @@ def test_a_module_returning_none_is_not_a_failure():
     log_row = next(row for row in s.rows if row.name == "log")
     assert (log_row.failed, log_row.output_shapes) == (False, [])
     assert "--" in str(s)
+
+
+def test_embedding_index_error_says_the_valid_range():
+    with pytest.raises(IndexError) as info:
+        hs.summary(Tied(), torch.full((1, 3), 50))
+    assert "module 'embed' (Embedding)" in _explanation(info.value)
+    assert "indices in [0, 50)" in _explanation(info.value)

@@ -510,6 +510,9 @@ def _expectation(module: nn.Module, shapes: list[Shape]) -> str:
     channel_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d)
     if isinstance(module, channel_types) and len(got) > 1 and got[1] != module.num_features:
         return _mismatch(module, "num_features", module.num_features, f"{got[1]} channels (dim 1)", got[1])
+    if isinstance(module, nn.Embedding):
+        n = module.num_embeddings
+        return f"Embedding(num_embeddings={n}) takes integer indices in [0, {n}); check the input's range"
     if isinstance(module, nn.GroupNorm) and len(got) > 1 and got[1] != module.num_channels:
         return _mismatch(module, "num_channels", module.num_channels, f"{got[1]} channels (dim 1)", got[1])
     return described
