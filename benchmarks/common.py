@@ -59,10 +59,10 @@ def format_table(
     title: str, per_step_us: dict[str, float], baseline: str, skipped: dict[str, str] | None = None
 ) -> str:
     """A plain-text table: variant, µs per step, ratio to ``baseline``; skipped peers with their reason."""
-    lines = [title, f"  {'variant':<34}{'µs/step':>10}{'ratio':>9}"]
+    lines = [title, f"  {'variant':<38}{'µs/step':>10}{'ratio':>9}"]
     base = per_step_us[baseline]
     for name, us in per_step_us.items():
-        lines.append(f"  {name:<34}{us:>10.1f}{us / base:>8.2f}x")
+        lines.append(f"  {name:<38}{us:>10.1f}{us / base:>8.2f}x")
     for name, reason in (skipped or {}).items():
-        lines.append(f"  {name:<34}{'skipped':>10}  {reason}")
+        lines.append(f"  {name:<38}{'skipped':>10}  {reason}")
     return "\n".join(lines)

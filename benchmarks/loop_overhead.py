@@ -126,9 +126,11 @@ class HookscopeClock(hs.Callback):
             self.clock.step_done(self.learn.iter)
 
 
-def hookscope(setup: Setup, in_memory: bool) -> float:
+def hookscope(setup: Setup, in_memory: bool, cost: bool = False) -> float:
+    """``cost=True`` also attaches ``CallbackCost`` (every callback call timed) to show what it costs."""
     model, _ = setup.model_and_opt()
     clock = StepClock(setup)
+    timing = [hs.callbacks.CallbackCost()] if cost else []
     dls = hs.DataLoaders(setup.loader(), setup.valid, in_memory=in_memory)
     learn = hs.Learner(
         model,
@@ -136,7 +138,7 @@ def hookscope(setup: Setup, in_memory: bool) -> float:
         nn.CrossEntropyLoss(),
         opt_func=torch.optim.SGD,
         lr=LR,
-        cbs=[HookscopeClock(clock)],
+        cbs=[HookscopeClock(clock), *timing],
         progress=False,
     )
     learn.fit(1)
@@ -214,6 +216,7 @@ def measure(title: str, setup: Setup, rounds: int) -> str:
         "hand-written, pre-batched tensors": lambda: hand_tensors(setup),
         "hookscope (in_memory=False)": lambda: hookscope(setup, in_memory=False),
         "hookscope (in-memory fast path)": lambda: hookscope(setup, in_memory=True),
+        "hookscope (fast path + CallbackCost)": lambda: hookscope(setup, in_memory=True, cost=True),
     }
     skipped: dict[str, str] = {}
     for name, module, variant in (
