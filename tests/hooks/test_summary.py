@@ -1,4 +1,5 @@
 import json
+from collections import UserDict
 
 import pytest
 import torch
@@ -452,3 +453,28 @@ def test_embedding_index_error_says_the_valid_range():
         hs.summary(Tied(), torch.full((1, 3), 50))
     assert "module 'embed' (Embedding)" in _explanation(info.value)
     assert "indices in [0, 50)" in _explanation(info.value)
+
+
+def test_a_custom_mapping_input_keeps_its_type_and_the_callers_copy_stays_put():
+    class Batch(UserDict):
+        """A tokenizer-style batch: a mapping whose items are also attributes."""
+
+        def __getattr__(self, key: str) -> torch.Tensor:
+            if key == "data":
+                raise AttributeError(key)
+            return self.data[key]
+
+    class ReadsAttributes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, batch: Batch) -> torch.Tensor:
+            return self.fc(batch.features)
+
+    batch = Batch(features=torch.randn(4, 3))
+    for device in ("cpu", "meta"):
+        s = hs.summary(ReadsAttributes(), batch, device=device)
+        assert s.rows[0].input_shapes == [(4, 3)]
+        assert s.total_macs == 4 * 3 * 2
+    assert batch.features.device.type == "cpu"

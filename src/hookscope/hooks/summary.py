@@ -4,16 +4,17 @@ One forward runs under ``torch.no_grad`` in eval mode with a pre-hook and two po
 The pre-hook opens a *call* (a row); the plain post-hook marks it completed; the ``always_call`` post-hook
 closes it even when the forward raised, which is how a failure is pinned on the innermost module that did not
 complete. MACs come from :class:`~hookscope.hooks.flops.FlopCounter`: the running FLOP total read when a call
-opens and closes, minus what its child calls did, is the work done *in* that module (attention, matmuls and
-additions in a custom ``forward`` included). Parameters are counted once, by the nearest listed module that
+opens and closes, minus what its child calls did, is the work done *in* that module (attention and matmuls
+written in a custom ``forward`` included). Parameters are counted once, by the nearest listed module that
 holds them, so tied weights and parameters held directly by a container are neither lost nor doubled.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -409,14 +410,27 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with its tensors on ``device``; returned as it is when they already are there, so custom
+    containers (a tokenizer's batch, a dataclass-like mapping) reach ``forward`` untouched."""
+    if all(t.device == device for t in _tensors(obj)):
+        return obj
+    return _moved(obj, device)
+
+
+def _moved(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
-    if isinstance(obj, dict):
-        return type(obj)((key, _to_device(value, device)) for key, value in obj.items())
+    if isinstance(obj, MutableMapping):
+        moved = copy.copy(obj)  # keeps the mapping's own type (OrderedDict, defaultdict, UserDict, ...)
+        for key, value in obj.items():
+            moved[key] = _moved(value, device)
+        return moved
+    if isinstance(obj, Mapping):
+        return {key: _moved(value, device) for key, value in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_to_device(value, device) for value in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to_device(value, device) for value in obj)
+        return type(obj)(*(_moved(value, device) for value in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_moved(value, device) for value in obj)
     return obj
 
 
@@ -428,7 +442,7 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
         item = pending.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):
             pending.extend(reversed(list(item.values())))
         elif isinstance(item, (list, tuple)):
             pending.extend(reversed(item))
