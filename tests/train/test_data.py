@@ -68,6 +68,10 @@ class _Plain(Dataset):
         return torch.tensor(float(i)), torch.tensor(i)
 
 
+class _LoaderSubclass(DataLoader):
+    """A subclass may override iteration, so it is never fast-pathed."""
+
+
 @pytest.mark.parametrize(
     "loader",
     [
@@ -76,8 +80,16 @@ class _Plain(Dataset):
         DataLoader(_dataset(), batch_size=4, collate_fn=lambda b: b),
         DataLoader(_dataset(), batch_size=None),
         DataLoader(_dataset(), batch_sampler=[[0, 1], [2, 3]]),
+        _LoaderSubclass(_dataset(), batch_size=4),
     ],
-    ids=["not-tensor-dataset", "workers", "custom-collate", "no-batching", "custom-batch-sampler"],
+    ids=[
+        "not-tensor-dataset",
+        "workers",
+        "custom-collate",
+        "no-batching",
+        "custom-batch-sampler",
+        "subclass",
+    ],
 )
 def test_loaders_that_need_their_own_iteration_are_not_fast_pathed(loader):
     assert not can_batch_in_memory(loader)

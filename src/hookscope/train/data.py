@@ -55,7 +55,7 @@ def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
 def can_batch_in_memory(loader: Any) -> bool:
     """True when iterating ``loader`` is equivalent to indexing its tensors (see the module docstring)."""
     return (
-        isinstance(loader, DataLoader)
+        type(loader) is DataLoader  # a subclass may iterate differently
         and type(loader.dataset) is TensorDataset
         and loader.num_workers == 0
         and loader.collate_fn is default_collate
@@ -90,12 +90,12 @@ class TensorBatches:
         stop = n - n % size if self.loader.drop_last else n
         if self._sequential:
             for start in range(0, stop, size):
-                yield tuple(t[start : start + size] for t in self.tensors)
+                yield tuple([t[start : start + size] for t in self.tensors])
             return
         order = torch.tensor(list(self.loader.sampler), dtype=torch.int64).to(self.device)
         for start in range(0, stop, size):
             index = order[start : start + size]
-            yield tuple(t.index_select(0, index) for t in self.tensors)
+            yield tuple([t.index_select(0, index) for t in self.tensors])
 
 
 def batch_to_device(batch: Any, device: torch.device) -> tuple:
