@@ -117,3 +117,14 @@ def test_to_device_moves_nested_batches_and_returns_tuples():
     assert isinstance(moved, tuple)
     assert torch.equal(moved[0], torch.zeros(2)) and torch.equal(moved[1]["a"], torch.ones(1))
     assert moved[2] == "label"
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_changing_a_batch_in_place_leaves_the_dataset_alone(shuffle):
+    dataset = _dataset(16)
+    original = [t.clone() for t in dataset.tensors]
+    for batch in TensorBatches(DataLoader(dataset, batch_size=4, shuffle=shuffle), torch.device("cpu")):
+        for t in batch:
+            t.zero_()
+    for t, before in zip(dataset.tensors, original, strict=True):
+        assert torch.equal(t, before)

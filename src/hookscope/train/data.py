@@ -89,8 +89,9 @@ class TensorBatches:
         size, n = self.loader.batch_size, len(self.loader.sampler)
         stop = n - n % size if self.loader.drop_last else n
         if self._sequential:
+            # copies, like collate's: a callback changing a batch in place must not change the dataset
             for start in range(0, stop, size):
-                yield tuple([t[start : start + size] for t in self.tensors])
+                yield tuple([t[start : start + size].clone() for t in self.tensors])
             return
         order = torch.tensor(list(self.loader.sampler), dtype=torch.int64).to(self.device)
         for start in range(0, stop, size):
