@@ -68,7 +68,7 @@ OPTION_NAMES = tuple(f.name for f in fields(TrainOptions))
 class TrainResult:
     """What a finished run hands back to the command: the learner and the findings, most severe first."""
 
-    learn: Any
+    learn: Learner
     findings: list[dict[str, Any]]
     duration_s: float
 

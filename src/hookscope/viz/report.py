@@ -81,7 +81,7 @@ figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
 table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { text-align: left; padding: 5px 9px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--panel); position: sticky; top: 0; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tbody tr:nth-child(even) { background: #fafbfc; }
 .scroll { max-height: 560px; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
 .sev { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
@@ -293,7 +293,12 @@ def _section(title: str, lead: str, body: str) -> str:
 
 
 def _table(columns: list[str], rows: list[list[str]], numeric: set[int], table_id: str) -> str:
-    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in columns)
+    head = "".join(
+        f'<th class="num">{html.escape(c.replace("_", " "))}</th>'
+        if i in numeric
+        else f"<th>{html.escape(c.replace('_', ' '))}</th>"
+        for i, c in enumerate(columns)
+    )
     body = "".join(
         "<tr>"
         + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
