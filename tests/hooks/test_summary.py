@@ -478,3 +478,18 @@ def test_a_custom_mapping_input_keeps_its_type_and_the_callers_copy_stays_put():
         assert s.rows[0].input_shapes == [(4, 3)]
         assert s.total_macs == 4 * 3 * 2
     assert batch.features.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "expected"),
+    [
+        (nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(4)), (1, 3, 8, 8), "BatchNorm2d(num_features=4)"),
+        (nn.Sequential(nn.Linear(3, 8), nn.LayerNorm(6)), (2, 3), "trailing dimensions [8]"),
+        (nn.Conv2d(3, 4, 3), (3, 3), "Conv2d expects a 4-d (N, C, H, W) or 3-d input, got 2-d [3, 3]"),
+        (nn.LSTM(10, 20), (5, 1, 12), "LSTM(input_size=10) got last dimension 12"),
+    ],
+)
+def test_common_layers_say_what_they_expect(model, size, expected):
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        hs.summary(model, input_size=size)
+    assert expected in _explanation(info.value)

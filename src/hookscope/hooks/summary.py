@@ -521,7 +521,15 @@ def _expectation(module: nn.Module, shapes: list[Shape]) -> str:
     conv_types = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
     if isinstance(module, conv_types):
         return _conv_expectation(module, got) or described
-    channel_types = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d)
+    channel_types = (
+        nn.BatchNorm1d,
+        nn.BatchNorm2d,
+        nn.BatchNorm3d,
+        nn.SyncBatchNorm,
+        nn.InstanceNorm1d,
+        nn.InstanceNorm2d,
+        nn.InstanceNorm3d,
+    )
     if isinstance(module, channel_types) and len(got) > 1 and got[1] != module.num_features:
         return _mismatch(module, "num_features", module.num_features, f"{got[1]} channels (dim 1)", got[1])
     if isinstance(module, nn.Embedding):
@@ -550,7 +558,7 @@ def _conv_expectation(module: nn.Module, got: Shape) -> str | None:
 def _mismatch(module: nn.Module, attr: str, expected: int, got_text: str, got: int) -> str:
     kind = type(module).__name__
     return (
-        f"{kind}({attr}={expected}) got {got_text}: make the layers before it produce {expected}, "
+        f"{kind}({attr}={expected}) got {got_text}: make its input match {attr}={expected}, "
         f"or build it with {attr}={got}"
     )
 
