@@ -87,15 +87,15 @@ def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Find
             fraction = records[-1].stats.dead_fraction()
             since = streak[0].step
             producer = names[i - 1] if i > 0 else None
-            feed = f" (its input comes from `{producer}`)" if producer else ""
+            feed = f"; its input comes from `{producer}`" if producer else ""
             findings.append(
                 Finding(
                     "dead_units",
                     name,
                     since,
                     "warning",
-                    f"layer `{name}`{feed} — {fraction:.0%} of units dead (exactly 0 for every example) "
-                    f"since step {since}. They pass no gradient, so they never recover on their own. Usual "
+                    f"layer `{name}` — {fraction:.0%} of units dead since step {since} (exactly 0 for every "
+                    f"example{feed}). They pass no gradient, so they never recover on their own. Usual "
                     "fixes: lower the learning rate, check the initialisation and biases of the layer "
                     "before, use LeakyReLU/GELU, or add normalisation before the activation.",
                     {

@@ -1,0 +1,82 @@
+"""The rules on hand-made statistics: what fires, what stays quiet, and which layer gets named."""
+
+import math
+
+import torch
+
+from hookscope.callbacks.doctor_rules import (
+    Thresholds,
+    dead_units,
+    exploding_gradient,
+    loss_divergence,
+    no_gradient,
+    update_ratio,
+    vanishing_gradient,
+)
+from hookscope.callbacks.monitor import ParamRecord, StepStats
+from hookscope.hooks.stats import RunningStats
+
+TH = Thresholds()
+
+
+def _stats(step, tensor):
+    rs = RunningStats()
+    rs.update(tensor)
+    return StepStats(step, rs.read())
+
+
+def test_dead_units_needs_patience_and_reports_only_the_head_of_a_dead_chain():
+    torch.manual_seed(0)
+    alive = torch.rand(8, 4) + 0.1
+    dead = torch.cat([torch.zeros(8, 3), torch.rand(8, 1)], dim=1)  # 3 of 4 units dead
+    history = {
+        "fc": [_stats(s, alive) for s in range(4)],
+        "relu": [_stats(0, alive)] + [_stats(s, dead) for s in (1, 2, 3)],
+        "pool": [_stats(0, alive)] + [_stats(s, dead) for s in (1, 2, 3)],
+    }
+    (finding,) = dead_units(history, TH)
+    assert (finding.module, finding.step, finding.evidence["producer"]) == ("relu", 1, "fc")
+    assert finding.evidence["dead_fraction"] == 0.75 and "75% of units dead since step 1" in finding.message
+    short = {name: records[:3] for name, records in history.items()}  # dead for only 2 steps
+    assert dead_units(short, TH) == []
+
+
+def test_loss_divergence_ignores_noise_and_names_the_step_it_took_off():
+    noisy = [(s, 2.0 - 0.05 * s + (0.3 if s % 3 == 0 else -0.3)) for s in range(30)]
+    assert loss_divergence(noisy, TH) == []
+    rising = [(s, 2.0) for s in range(5)] + [(5 + s, 2.0 * 3.0**s) for s in range(6)]
+    (finding,) = loss_divergence(rising, TH)
+    assert finding.kind == "loss_divergence" and finding.step == 7
+    assert loss_divergence([(0, 1.0), (1, math.nan)] * 4, TH) == []  # NaN is the guard's business
+
+
+def test_exploding_growth_is_searched_from_the_loss_backwards():
+    scales = {"l0": 1e4, "l1": 1e3, "l2": 30.0, "l3": 3.0, "l4": 1.0}  # gradient RMS, l4 nearest the loss
+    grads = {name: [_stats(s, torch.full((64,), -scale)) for s in range(3)] for name, scale in scales.items()}
+    (finding,) = exploding_gradient({}, grads, TH)
+    assert finding.module == "l1" and finding.evidence["growth"] == 1e3
+    assert set(finding.evidence["layers"]) == {"l0", "l1"}
+
+
+def test_vanishing_names_the_earliest_layer_and_skips_exact_zeros():
+    rms = {
+        "a": [(s, 1e-9) for s in range(3)],
+        "b": [(s, 0.0) for s in range(3)],
+        "c": [(s, 1.0) for s in range(3)],
+    }
+    (finding,) = vanishing_gradient(rms, TH)
+    assert finding.module == "a" and finding.evidence["layers"] == ["a"]
+
+
+def test_no_gradient_and_update_ratio_on_parameter_records():
+    params = {
+        "used.weight": [ParamRecord(s, 0.5, 1e-3) for s in range(3)],
+        "branch.weight": [ParamRecord(s, None, 0.0) for s in range(3)],
+        "branch.bias": [ParamRecord(s, None, 0.0) for s in range(3)],
+        "fast.weight": [ParamRecord(s, 0.5, 0.9) for s in range(3)],
+    }
+    (missing,) = no_gradient(params, TH)
+    assert missing.module == "branch" and missing.evidence["parameters"] == ["branch.weight", "branch.bias"]
+    matrices = {"used.weight", "branch.weight", "fast.weight"}
+    (ratio,) = update_ratio(params, matrices, TH)
+    assert (ratio.module, ratio.evidence["update_ratio"]) == ("fast", 0.9) and "too large" in ratio.message
