@@ -130,7 +130,8 @@ class Summary:
             f"Forward activations (estimate): {_human(self.activation_bytes, 'B')}",
         ]
         if self.failed_module is not None:
-            lines.append(f"Forward failed in: {self.failed_module or '(the model itself)'}")
+            where = repr(self.failed_module) if self.failed_module else "the model's own forward"
+            lines.append(f"Forward failed in: {where}")
         return lines
 
 
