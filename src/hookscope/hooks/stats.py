@@ -155,11 +155,11 @@ class RunningStats:
     def _check_same_channels(self, maxes: torch.Tensor, channels: bool) -> None:
         assert self._maxes is not None
         if channels != self._channels or maxes.shape != self._maxes.shape:
+            now = maxes.numel() if channels else "no"
+            before = self._maxes.numel() if self._channels else "no"
             raise ValueError(
-                f"RunningStats got a tensor with {maxes.numel() if channels else 'no'} channels (dim 1) "
-                "after "
-                f"tensors with {self._maxes.numel() if self._channels else 'no'} channels; keep one "
-                "RunningStats per stream of same-layout tensors"
+                f"RunningStats got a tensor with {now} channels (dim 1) after tensors with {before} "
+                "channels; keep one RunningStats per stream of same-layout tensors"
             )
 
 
