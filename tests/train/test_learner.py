@@ -372,11 +372,16 @@ def test_dls_must_be_loaders():
 
 
 def test_show_training_loop_lists_callbacks_per_event(capsys):
-    _learner(cbs=[SkipEveryStep()]).show_training_loop()
+    class OnCancelStep(hs.Callback):
+        def after_cancel_step(self): ...
+
+    _learner(cbs=[SkipEveryStep(), OnCancelStep()]).show_training_loop()
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["after_create", "-"]
     assert any(line.split() == ["before_step", "SkipEveryStep"] for line in lines)
     assert any(line.split() == ["after_batch", "Recorder"] for line in lines)
+    assert lines[-1].split() == ["after_cancel_step", "OnCancelStep"]
+    assert sum(line.startswith("after_cancel") for line in lines) == 1
 
 
 def test_run_train_false_keeps_a_callback_out_of_training_batches():

@@ -415,11 +415,19 @@ _LAYOUT = (
 
 
 def format_training_loop(train: dict[str, list[Any]], valid: dict[str, list[Any]]) -> str:
-    """One line per event of a fit, indented by nesting, with the callbacks that run there."""
+    """One line per event of a fit, indented by nesting, with the callbacks that run there; then the
+    ``after_cancel_*`` events that some callback handles."""
     lines, in_valid = [], False
     for depth, event in _LAYOUT:
         in_valid = (in_valid or event == "before_validate") and event != "after_validate"
         methods = (valid if in_valid else train)[event]
-        names = ", ".join(type(m.__self__).__name__ for m in methods) or "-"
-        lines.append(f"{'  ' * depth}{event:<{22 - 2 * depth}} {names}")
+        lines.append(f"{'  ' * depth}{event:<{22 - 2 * depth}} {_owners(methods) or '-'}")
+    for event in (e for e in train if e.startswith("after_cancel_")):
+        owners = _owners(train[event] + [m for m in valid[event] if m not in train[event]])
+        if owners:
+            lines.append(f"{event:<22} {owners}")
     return "\n".join(lines)
+
+
+def _owners(methods: list[Any]) -> str:
+    return ", ".join(type(m.__self__).__name__ for m in methods)
