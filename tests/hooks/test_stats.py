@@ -126,6 +126,19 @@ def test_per_channel_abs_max_finds_dead_units():
     assert got.zero_fraction == pytest.approx(2 / 6)
 
 
+def test_non_contiguous_tensors_give_the_same_statistics():
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 4, 3)
+    plain, strided = RunningStats(bins=8, range=(-2.0, 2.0)), RunningStats(bins=8, range=(-2.0, 2.0))
+    plain.update(x)
+    strided.update(x.contiguous(memory_format=torch.channels_last))
+    a, b = plain.read(), strided.read()
+    assert (a.count, a.nonfinite, a.zero_fraction) == (b.count, b.nonfinite, b.zero_fraction)
+    assert a.mean == pytest.approx(b.mean, rel=1e-6) and a.std == pytest.approx(b.std, rel=1e-6)
+    np.testing.assert_array_equal(a.histogram, b.histogram)
+    np.testing.assert_allclose(a.channel_abs_max, b.channel_abs_max)
+
+
 def test_one_dimensional_tensors_have_no_channels():
     stats = RunningStats()
     stats.update(torch.tensor([-3.0, 1.0]))

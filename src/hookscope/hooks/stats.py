@@ -193,12 +193,13 @@ def _batch_stats(
 
 
 class _ScratchBuffers:
-    """Two reusable work buffers per thread, device and dtype, grown to the largest tensor seen.
+    """Two reusable CPU work buffers per thread and dtype, grown to the largest tensor seen.
 
-    Every statistics update needs two tensor-sized temporaries. Allocating them fresh costs more than
-    the arithmetic on a CPU (each large allocation is new memory from the OS, page-faulted on first
-    touch), so they are kept and reused. Reuse is safe: updates run one after another on a thread, and
-    on a GPU the ops are ordered on the stream. The cost is two copies of the largest monitored tensor.
+    Every statistics update needs two tensor-sized temporaries. On a CPU, allocating them fresh costs
+    more than the arithmetic (each large allocation is new memory from the OS, page-faulted on first
+    touch), so they are kept and reused; updates on a thread run one after another, so reuse is safe.
+    The cost is two copies of the largest monitored tensor. Other devices allocate fresh buffers: their
+    caching allocators already reuse memory, and GPU memory is too precious to hold.
     """
 
     def __init__(self) -> None:
@@ -206,13 +207,13 @@ class _ScratchBuffers:
 
     def buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Two tensors shaped like ``like`` (same dtype and device), contents undefined."""
-        pool: dict[tuple[torch.device, torch.dtype], torch.Tensor] = self._local.__dict__.setdefault(
-            "pool", {}
-        )
-        key, n = (like.device, like.dtype), like.numel()
-        flat = pool.get(key)
+        if like.device.type != "cpu":
+            return torch.empty_like(like), torch.empty_like(like)
+        pool: dict[torch.dtype, torch.Tensor] = self._local.__dict__.setdefault("pool", {})
+        n = like.numel()
+        flat = pool.get(like.dtype)
         if flat is None or flat.numel() < 2 * n:
-            flat = pool[key] = torch.empty(2 * n, dtype=like.dtype, device=like.device)
+            flat = pool[like.dtype] = torch.empty(2 * n, dtype=like.dtype)
         return flat[:n].view(like.shape), flat[n : 2 * n].view(like.shape)
 
 
