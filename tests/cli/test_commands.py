@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.cli import main
@@ -124,3 +126,26 @@ def test_help_of_every_command():
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0
+
+
+def test_train_on_an_image_folder_with_a_model_from_a_file(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    for label in ("circle", "square", "triangle"):
+        (tmp_path / "shapes" / label).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(
+                tmp_path / "shapes" / label / f"{i}.png"
+            )
+    (tmp_path / "net.py").write_text(
+        "from torch import nn\n"
+        "def small_cnn(num_classes):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(4, num_classes))\n"
+    )
+    out = tmp_path / "run"
+    argv = ["train", "--model", f"{tmp_path / 'net.py'}:small_cnn", "--data", str(tmp_path / "shapes")]
+    assert main([*argv, "--image-size", "16", "--epochs", "1", "--batch-size", "4", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"][-1]["output_shape"] == "1×3"  # three classes, found in the folder
+    assert summary["rows"][0]["output_shape"] == "1×4×14×14"  # 16×16 images through a 3×3 conv
+    assert (out / "figures" / "feature_maps_0.png").is_file()
