@@ -493,3 +493,11 @@ def test_common_layers_say_what_they_expect(model, size, expected):
     with pytest.raises((RuntimeError, ValueError)) as info:
         hs.summary(model, input_size=size)
     assert expected in _explanation(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_a_scripted_submodule_counts_in_its_parent():
+    model = nn.Sequential(torch.jit.script(nn.Linear(4, 6)), nn.ReLU())
+    s = hs.summary(model, input_size=(2, 4))
+    assert [row.name for row in s.rows] == ["", "1"]
+    assert (s.rows[0].params, s.rows[0].macs) == (4 * 6 + 6, 2 * 4 * 6)

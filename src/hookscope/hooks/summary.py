@@ -196,7 +196,8 @@ class _Tracer:
     """Hook callbacks that record one :class:`_Call` per module call, in the order calls start."""
 
     def __init__(self, model: nn.Module) -> None:
-        named = list(model.named_modules())
+        # TorchScript modules refuse hooks: their work and parameters count in the nearest hooked ancestor.
+        named = [(name, m) for name, m in model.named_modules() if not isinstance(m, torch.jit.ScriptModule)]
         self.names = {id(m): name for name, m in named}
         self.modules = [m for _, m in named]
         self.counter = FlopCounter()
