@@ -6,8 +6,10 @@ cheaper checks call :func:`hookscope.cli.main` in-process.
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -149,3 +151,22 @@ def test_train_on_an_image_folder_with_a_model_from_a_file(tmp_path, capsys):
     assert summary["rows"][-1]["output_shape"] == "1×3"  # three classes, found in the folder
     assert summary["rows"][0]["output_shape"] == "1×4×14×14"  # 16×16 images through a 3×3 conv
     assert (out / "figures" / "feature_maps_0.png").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_partial_run_and_resume_finishes_it(tmp_path):
+    command = [sys.executable, "-m", "hookscope", "train", "--epochs", "200", "--no-doctor", "--out", "run"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / ".run.partial"
+    deadline = time.monotonic() + 300
+    while not (partial / "checkpoints" / "last.pt").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert f"hookscope train --resume {partial}" in err
+    assert not (tmp_path / "run").exists()
+    done_epochs = sum(r["kind"] == "epoch" for r in read_metrics(partial))
+    assert main(["train", "--resume", str(partial), "--epochs", str(done_epochs + 1)]) == 0
+    assert sum(r["kind"] == "epoch" for r in read_metrics(tmp_path / "run")) == done_epochs + 1
+    assert not partial.exists()
