@@ -99,7 +99,7 @@ def run(options: TrainOptions, folder: RunFolder, *, resume: bool = False, comma
         nn.CrossEntropyLoss(),
         lr=options.lr,
         metrics=[accuracy],
-        cbs=_callbacks(options, folder),
+        cbs=train_callbacks(options, folder),
         device=device,
     )
     learn.fit(options.epochs, resume=folder.path if resume else None)
@@ -142,7 +142,8 @@ def _device(options: TrainOptions) -> torch.device:
     return device
 
 
-def _callbacks(options: TrainOptions, folder: RunFolder) -> list[Callback]:
+def train_callbacks(options: TrainOptions, folder: RunFolder) -> list[Callback]:
+    """The callbacks ``options`` ask for: one-cycle, metrics, checkpoints, precision, clipping, doctor."""
     cbs: list[Callback] = [
         OneCycle(options.lr),
         MetricsLogger(folder.path, every=10),
