@@ -1,7 +1,7 @@
 """What it costs to look for a NaN/Inf, and who gets blamed: find_nonfinite vs torch.autograd.detect_anomaly.
 
-Timed variants on ResNet18 (``weights=None``, train mode, batch 8, 3x224x224 by default), run alternating
-in the same process, medians over rounds, one forward + cross-entropy + backward each:
+Timed variants on ResNet18 (``weights=None``, train mode, batch 8, 3x224x224 by default, CPU, one thread),
+run alternating in the same process, medians over rounds, one forward + cross-entropy + backward each:
 
 - ``plain forward+backward`` (baseline);
 - ``find_nonfinite`` on the same healthy batch: one device flag per module call and one host read at
@@ -78,6 +78,7 @@ def quiet_anomaly() -> Iterator[None]:
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
     size, rounds = (64, 2) if args.quick else (224, args.rounds)
+    torch.set_num_threads(1)  # steadier on a shared machine, and what --clock cpu (this thread) measures
     torch.manual_seed(0)
     model = resnet18(weights=None).train()
     x, y = torch.randn(8, 3, size, size), torch.randint(0, 1000, (8,))

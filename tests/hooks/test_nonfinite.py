@@ -221,3 +221,18 @@ def test_dict_inputs_and_outputs_with_integer_ids():
         lambda out, y: nn.functional.cross_entropy(out["logits"], y), torch.tensor([0, 1, 0]),
     )  # fmt: skip
     assert not healthy.found
+
+
+def test_in_place_op_on_a_childs_output_is_blamed_on_the_parent():
+    class LogAfterChild(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 6)
+
+        def forward(self, x):
+            out = self.a(x)
+            return out.log_()  # same tensor object as the child's output, changed in place
+
+    x, _ = _data()
+    report = hs.find_nonfinite(nn.Sequential(LogAfterChild()), x)
+    assert (report.module, report.module_type, report.op) == ("0", "LogAfterChild", "aten.log_")

@@ -161,6 +161,7 @@ def _check(
     """One step with a device-side finiteness flag per module call; one host read at the end."""
     calls: list[_Call] = []
     counts: dict[str, int] = {}
+    last: list[Any] = [None, -1, None]  # a container returns its last child's output: checked already
 
     def record(name: str, module_type: str, inputs: Any, output: Any) -> None:
         tensors = _float_tensors(output)
@@ -168,7 +169,8 @@ def _check(
             return
         call = counts.get(name, 0)
         counts[name] = call + 1
-        finite = _all_finite(tensors)
+        finite = _all_finite(tensors) if not _same_as_last(tensors, last) else last[2]
+        last[:] = [tensors[0], tensors[0]._version, finite]
         in_shapes = [tuple(t.shape) for t in _float_tensors(inputs)]
         out_shapes = [tuple(t.shape) for t in tensors]
         calls.append(_Call(name, module_type, call, in_shapes, out_shapes, finite))
@@ -195,6 +197,11 @@ def _check(
         True, "forward", culprit.name, culprit.module_type, None, culprit.call,
         culprit.input_shapes, culprit.output_shapes,
     )  # fmt: skip
+
+
+def _same_as_last(tensors: list[torch.Tensor], last: list[Any]) -> bool:
+    """The one output tensor is the one checked just before, unchanged since (no in-place op)."""
+    return len(tensors) == 1 and tensors[0] is last[0] and tensors[0]._version == last[1]
 
 
 def _recorder(record: Callable, name: str, module_type: str) -> Callable:
