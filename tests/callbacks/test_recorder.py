@@ -139,3 +139,51 @@ def test_no_host_reads_per_step(monkeypatch, in_memory):
         return len(reads)
 
     assert reads_during_fit(3) == reads_during_fit(12)
+
+
+class _StopAtStep(hs.Callback):
+    order = 100
+
+    def __init__(self, step):
+        self.step = step
+
+    def after_batch(self):
+        if self.learn.training_step == self.step:
+            raise hs.CancelFitException()
+
+
+def test_a_run_resumed_mid_epoch_records_what_the_uninterrupted_run_records(tmp_path):
+    def learner(folder, extra=()):
+        torch.manual_seed(0)
+        x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        train = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=torch.Generator())
+        train.generator.manual_seed(1)
+        valid = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8)
+        save = hs.callbacks.Checkpoint(folder, every_n_steps=3, sigint=False)
+        return hs.Learner(
+            nn.Linear(4, 3), (train, valid), nn.CrossEntropyLoss(), cbs=[save, *extra], progress=False
+        )
+
+    full = learner(tmp_path / "full")
+    full.fit(3)
+    learner(tmp_path / "cut", [_StopAtStep(7)]).fit(3)  # last checkpoint: step 6, mid-epoch 1
+    resumed = learner(tmp_path / "cut")
+    resumed.fit(3, resume=tmp_path / "cut")
+
+    assert len(resumed.recorder.history) == 3
+    for got, want in zip(resumed.recorder.history, full.recorder.history, strict=True):
+        del got["time"], want["time"]
+        assert got == pytest.approx(want)
+    assert resumed.recorder.losses == pytest.approx(full.recorder.losses)
+    assert resumed.recorder.smooth_loss == pytest.approx(full.recorder.smooth_loss)
+
+
+def test_loading_records_then_a_fresh_fit_ignores_a_partial_epoch():
+    learn = _learner()
+    learn.fit(1)
+    state = learn.recorder.state_dict()
+    state["epoch_losses"], state["epoch_sizes"] = [100.0], [8]  # as if saved mid-epoch
+    learn.recorder.load_state_dict(state)
+    learn.fit(1)
+    fresh_epoch = learn.recorder.losses[5:]  # five equal batches of 8
+    assert learn.recorder.history[-1]["train_loss"] == pytest.approx(sum(fresh_epoch) / 5, rel=1e-6)

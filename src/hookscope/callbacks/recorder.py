@@ -91,7 +91,12 @@ class Recorder(Callback):
         self._valid = self._unmeasured_valid()
 
     def before_train(self) -> None:
-        self._phase_losses, self._phase_sizes = [], []
+        losses, sizes = self._carried
+        self._carried = ([], [])
+        if self.learn.train_iter == 0:  # a fresh fit, not a resume in the middle of an epoch
+            losses, sizes = [], []
+        self._phase_losses = list(torch.tensor(losses, device=self.learn.device).unbind())
+        self._phase_sizes = sizes
 
     def before_validate(self) -> None:
         self._phase_losses, self._phase_sizes = [], []
@@ -136,14 +141,30 @@ class Recorder(Callback):
     # ---- checkpoint state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(row) for row in self.history], "losses": self.losses, "lrs": self.lrs}
+        """Records so far, the moving average, and — saved mid-epoch — this epoch's training losses."""
+        self._fold_smoothing()
+        mid_train = getattr(self, "learn", None) is not None and self.learn.training
+        return {
+            "history": [dict(row) for row in self.history],
+            "losses": self.losses,
+            "lrs": self.lrs,
+            "smooth": {"ema": float(self._ema), "count": self._ema_count},
+            "epoch_losses": torch.stack(self._phase_losses).tolist()
+            if mid_train and self._phase_losses
+            else [],
+            "epoch_sizes": list(self._phase_sizes) if mid_train else [],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the records; the next ``fit`` continues them instead of starting afresh (resume)."""
+        """Restore the records; the next ``fit`` continues them instead of starting afresh (resume), and a
+        resumed epoch's ``train_loss`` also counts the batches done before the save."""
         self._reset()
         self.history = [dict(row) for row in state["history"]]
         self._chunks = [torch.tensor(state["losses"], dtype=torch.float32)]
         self._lrs = list(state["lrs"])
+        self._ema = torch.tensor(state["smooth"]["ema"])
+        self._ema_count = state["smooth"]["count"]
+        self._carried = (list(state["epoch_losses"]), list(state["epoch_sizes"]))
         self._keep_on_next_fit = True
 
     # ---- helpers -------------------------------------------------------------------------------------
@@ -159,6 +180,7 @@ class Recorder(Callback):
         self._phase_losses: list[torch.Tensor] = []
         self._phase_sizes: list[int] = []
         self._valid: dict[str, torch.Tensor] = {}
+        self._carried: tuple[list[float], list[int]] = ([], [])  # a resumed epoch's batches before the save
 
     def _record_step(self, loss: torch.Tensor, lr: Any) -> None:
         self._pending.append(loss)
