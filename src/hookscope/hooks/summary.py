@@ -221,7 +221,7 @@ class _Tracer:
             name=self.names[id(module)],
             type=type(module).__name__,
             depth=len(self.stack),
-            input_shapes=_shapes((args, kwargs)),
+            input_shapes=_shapes((args, kwargs) if kwargs else args),
             call=call_number,
         )
         parent = self.stack[-1] if self.stack else None
@@ -444,10 +444,10 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
         item = pending.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif isinstance(item, Mapping):
-            pending.extend(reversed(list(item.values())))
         elif isinstance(item, (list, tuple)):
             pending.extend(reversed(item))
+        elif isinstance(item, Mapping):
+            pending.extend(reversed(list(item.values())))
     return found
 
 
