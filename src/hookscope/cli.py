@@ -16,9 +16,24 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from hookscope.hooks.select import SelectionError
+import torch
+from torch import nn
+
+from hookscope import demo
+from hookscope.data.images import load_image, sample_image
+from hookscope.hooks.capture import capture
+from hookscope.hooks.select import SelectionError, Spec
 from hookscope.run_folder import RunFolder, RunFolderError, RunFolderWriteError, atomic_write_json, read_json
-from hookscope.specs import SpecError
+from hookscope.specs import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    SpecError,
+    checked_summary,
+    load_model,
+    parse_input_size,
+)
+from hookscope.viz.feature_maps import feature_maps, save_figure
+from hookscope.viz.report import write_feature_map_index, write_report
 
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
@@ -68,8 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from hookscope.demo import DEFAULTS
-
     p = commands.add_parser(
         "train",
         parents=[common],
@@ -79,21 +92,23 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
     )
     p.add_argument(
         "--model",
-        help=f"torchvision name, package.module:factory or file.py:factory (default {DEFAULTS.model})",
+        help=f"torchvision name, package.module:factory or file.py:factory (default {demo.DEFAULTS.model})",
     )
     p.add_argument("--weights", metavar="FILE", help="a local state_dict to start from (torch.save)")
     p.add_argument(
         "--data",
         help="digits, an image folder (<class>/<image>.png) or a .pt/.npz file with x "
-        f"and y (default {DEFAULTS.data})",
+        f"and y (default {demo.DEFAULTS.data})",
     )
-    p.add_argument("--epochs", type=_positive_int, help=f"number of epochs (default {DEFAULTS.epochs})")
+    p.add_argument("--epochs", type=_positive_int, help=f"number of epochs (default {demo.DEFAULTS.epochs})")
     p.add_argument(
         "--lr",
         type=_positive_float,
-        help=f"peak learning rate of the one-cycle schedule (default {DEFAULTS.lr})",
+        help=f"peak learning rate of the one-cycle schedule (default {demo.DEFAULTS.lr})",
     )
-    p.add_argument("--batch-size", type=_positive_int, help=f"batch size (default {DEFAULTS.batch_size})")
+    p.add_argument(
+        "--batch-size", type=_positive_int, help=f"batch size (default {demo.DEFAULTS.batch_size})"
+    )
     p.add_argument(
         "--precision", choices=("32", "bf16", "fp16"), help="32 (default), bf16 or fp16 (CUDA only)"
     )
@@ -101,10 +116,10 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument(
         "--image-size",
         type=_positive_int,
-        help=f"side of the images read from an image folder (default {DEFAULTS.image_size})",
+        help=f"side of the images read from an image folder (default {demo.DEFAULTS.image_size})",
     )
     p.add_argument("--out", help="the run folder to write (default runs/<model>-<date>-<time>)")
-    p.add_argument("--seed", type=int, help=f"random seed (default {DEFAULTS.seed})")
+    p.add_argument("--seed", type=int, help=f"random seed (default {demo.DEFAULTS.seed})")
     p.add_argument(
         "--no-doctor",
         action="store_true",
@@ -174,8 +189,6 @@ def _add_report(commands: argparse._SubParsersAction, common: argparse.ArgumentP
 
 
 def _train(args: argparse.Namespace) -> int:
-    from hookscope import demo
-
     given = {k: getattr(args, k) for k in demo.OPTION_NAMES if getattr(args, k, None) is not None}
     if args.no_doctor:
         given["doctor"] = False
@@ -209,13 +222,11 @@ def _resume_hint(folder: RunFolder) -> str:
     return f"; the unfinished run is kept: hookscope train --resume {folder.path}"
 
 
-def _resumed(run_dir: str, given: dict[str, object]) -> tuple[RunFolder, object]:
-    from hookscope import demo
-
+def _resumed(run_dir: str, given: dict[str, object]) -> tuple[RunFolder, demo.TrainOptions]:
     changed = sorted(set(given) - {"epochs", "device"})
     if changed:
         raise CommandError(
-            f"--resume continues {run_dir} with its own options; {', '.join('--' + c for c in changed)} "
+            f"--resume continues {run_dir} with its own options; {', '.join(map(_flag, changed))} "
             "cannot change (only --epochs and --device can)",
             USAGE_ERROR,
         )
@@ -227,10 +238,6 @@ def _resumed(run_dir: str, given: dict[str, object]) -> tuple[RunFolder, object]
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from hookscope.specs import load_model
-    from hookscope.viz.feature_maps import feature_maps, save_figure
-    from hookscope.viz.report import write_feature_map_index
-
     model = load_model(args.model, weights=args.weights).eval()
     image = _read_image(args.image, args.size)
     maps = _captured_maps(model, args.model, image, _selection(args.select))
@@ -254,13 +261,10 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _captured_maps(model: object, name: str, image: object, spec: object) -> list[tuple[str, object]]:
+def _captured_maps(
+    model: nn.Module, name: str, image: torch.Tensor, spec: Spec
+) -> list[tuple[str, torch.Tensor]]:
     """``(label, (1, C, H, W) output)`` of every selected layer call, on the ImageNet-normalised image."""
-    import torch
-
-    from hookscope.hooks.capture import capture
-    from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD
-
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     with torch.no_grad(), capture(model, spec) as cap:
@@ -279,9 +283,7 @@ def _captured_maps(model: object, name: str, image: object, spec: object) -> lis
     return maps
 
 
-def _read_image(image: str, size: int) -> object:
-    from hookscope.data.images import load_image, sample_image
-
+def _read_image(image: str, size: int) -> torch.Tensor:
     if image == "sample":
         return sample_image(size)
     try:
@@ -290,10 +292,8 @@ def _read_image(image: str, size: int) -> object:
         raise SpecError(f"--image {image}: {err}") from None
 
 
-def _selection(text: str) -> object:
+def _selection(text: str) -> Spec:
     """``Conv2d,Linear`` -> a tuple of nn types; ``a,b`` -> a list of names; anything else a glob."""
-    from torch import nn
-
     parts = [p.strip().removeprefix("nn.") for p in text.split(",") if p.strip()]
     types = [getattr(nn, p, None) for p in parts]
     if parts and all(isinstance(t, type) and issubclass(t, nn.Module) for t in types):
@@ -302,8 +302,6 @@ def _selection(text: str) -> object:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from hookscope.specs import checked_summary, load_model, parse_input_size
-
     size = parse_input_size(args.input_size)
     model = load_model(args.model, weights=args.weights)
     fix = f"pass the input shape {args.model} expects with --input-size (batch first, e.g. 1,3,224,224)"
@@ -312,8 +310,6 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from hookscope.viz.report import write_report
-
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.json").is_file():
         raise CommandError(
@@ -336,6 +332,11 @@ def _explain(err: Exception) -> tuple[int, str]:
     if isinstance(err, OSError) and err.filename:
         return RUNTIME_ERROR, f"cannot access {err.filename}: {err.strerror}; check the path and permissions"
     return RUNTIME_ERROR, _one_line(f"{type(err).__name__}: {err}")
+
+
+def _flag(option: str) -> str:
+    """The command-line flag of a TrainOptions field: ``batch_size`` -> ``--batch-size``."""
+    return "--no-doctor" if option == "doctor" else "--" + option.replace("_", "-")
 
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
