@@ -16,6 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hookscope.train.callback import Callback
 
 
+def stdout_is_interactive() -> bool:
+    """True for a terminal or a Jupyter notebook: where a live bar is seen (not a log file or a pipe)."""
+    console = Console()
+    return console.is_terminal or console.is_jupyter
+
+
 class ProgressBar(Callback):
     """One bar for the epochs and one for the batches of the current phase; a line per finished epoch."""
 

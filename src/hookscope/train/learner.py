@@ -8,7 +8,6 @@ fire); any other exception fires ``on_failure(exc)`` on every callback and propa
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from torch import nn
 
 from hookscope.callbacks.cost import CallbackCost
 from hookscope.callbacks.lr_finder import LRFindResult, find_lr
-from hookscope.callbacks.progress import ProgressBar
+from hookscope.callbacks.progress import ProgressBar, stdout_is_interactive
 from hookscope.callbacks.recorder import Recorder
 from hookscope.callbacks.schedule import OneCycle
 from hookscope.hooks.summary import Summary, summary
@@ -89,7 +88,7 @@ class Learner:
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
         self._resume: checkpoint.Resume | None = None
         cbs = _as_list(cbs)
-        show_bar = sys.stdout.isatty() if progress is None else progress
+        show_bar = stdout_is_interactive() if progress is None else progress
         defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
         for cb in sort_callbacks(self.cbs):
