@@ -88,7 +88,7 @@ def test_report_loads_without_errors_and_every_image_decodes(run_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S).group(1))
     assert probe["errors"] == []
-    assert not re.findall(r":(?:ERROR|WARNING):CONSOLE", done.stderr)
+    assert ":CONSOLE" not in done.stderr  # the page itself logs nothing: any console line is a problem
     assert len(probe["images"]) == len(re.findall(r"<img ", page)) >= 8
     assert [i["alt"] for i in probe["images"] if i["width"] == 0] == []
 
