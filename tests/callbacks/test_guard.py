@@ -127,3 +127,16 @@ def test_select_false_still_checks_the_loss():
     _, guard, _ = _fit(model, x, y, select=False)
     assert (guard.stopped_at, guard.reason) == (1, "loss")
     assert guard.report.op == "aten.log"
+
+
+def test_with_gradient_accumulation_a_nan_in_the_first_batch_of_a_group_is_caught_and_blamed():
+    torch.manual_seed(0)
+    model = nn.Sequential(LogAct(), nn.Linear(4, 3))
+    x, y = _positive_data(bad_batch=2)  # batches 2 and 3 form the second group: step 1
+    snaps, guard = Snapshots(), NonFiniteGuard(quiet=True)
+    cbs = [hs.callbacks.GradientAccumulation(2), guard, snaps]
+    learn = hs.Learner(model, _loaders(x, y), nn.CrossEntropyLoss(), lr=1e-2, cbs=cbs)
+    learn.fit(1)
+    assert (guard.stopped_at, guard.reason, len(snaps.weights)) == (1, "activation", 1)
+    assert all(p.isfinite().all() for p in learn.model.parameters())
+    assert (guard.report.module, guard.report.op) == ("0", "aten.log")

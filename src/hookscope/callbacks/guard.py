@@ -50,14 +50,16 @@ class NonFiniteGuard(Callback):
         self.stopped_at: int | None = None
         self.reason: str | None = None
         self._hooks = HookSet()
-        self._flags: list[torch.Tensor] = []
-        self._loss_ok: torch.Tensor | None = None
+        self._flags: list[torch.Tensor] = []  # activation flags since the last check
+        self._loss_flags: list[torch.Tensor] = []
+        self._checked = True  # no batch since the last check: the next one snapshots the buffers
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
-        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._batches: list[tuple[tuple, tuple, tuple]] = []  # (xb, yb, RNG states) since the last check
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
+        self._flags, self._loss_flags, self._batches, self._checked = [], [], [], True
         model = self.learn.model
         if self.select is not False:
             for _, module in select(model, None if self.select is True else self.select):
@@ -66,22 +68,26 @@ class NonFiniteGuard(Callback):
         self._saved = [torch.empty_like(b) for b in self._buffers]
 
     def before_batch(self) -> None:
-        self._flags.clear()
-        self._loss_ok = None
-        if self._buffers:
+        # Flags pile up until a step checks them: with gradient accumulation, batches that end before
+        # opt.step() are checked with the step of their group, and the buffers roll back to its start.
+        if self._checked and self._buffers:
             torch._foreach_copy_(self._saved, self._buffers)
+        self._checked = False
         device = _device(self.learn.model)
         cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self._rng = (torch.get_rng_state(), cuda)
+        if self.learn.yb:  # only batches that reach a loss lead to a step (and a check)
+            self._batches.append((self.learn.xb, self.learn.yb, (torch.get_rng_state(), cuda)))
 
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.learn.training:
             return
         tensors = [t for t in _tensors(output) if t.is_floating_point() and t.numel()]
         self._flags.extend(torch.stack(torch.aminmax(t.detach())).isfinite().all() for t in tensors)
+        if len(self._flags) > 4096:  # batches that never reach a step (no target): keep memory bounded
+            self._flags = [torch.stack(self._flags).all()]
 
     def after_loss(self) -> None:
-        self._loss_ok = self.learn.loss.isfinite().all()
+        self._loss_flags.append(self.learn.loss.isfinite().all())
 
     def before_step(self) -> None:
         grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
@@ -89,9 +95,10 @@ class NonFiniteGuard(Callback):
         true = torch.ones((), dtype=torch.bool, device=device)
         activation_ok = torch.stack(self._flags).all() if self._flags else true
         grad_ok = torch.stack(torch._foreach_norm(grads)).isfinite().all() if grads else true
-        loss_ok = self._loss_ok if self._loss_ok is not None else true
+        loss_ok = torch.stack(self._loss_flags).all() if self._loss_flags else true
         ok = torch.stack([activation_ok.to(device), loss_ok, grad_ok.to(device)]).cpu()  # the one host read
         if bool(ok.all()):
+            self._flags, self._loss_flags, self._batches, self._checked = [], [], [], True
             return
         self._stop(_CHECKS[int((~ok).nonzero()[0])])
 
@@ -107,16 +114,24 @@ class NonFiniteGuard(Callback):
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._saved)
         self._hooks.remove()
-        if self._rng is not None:  # the replay then draws the same dropout masks as the failed step
-            cpu, cuda = self._rng
-            torch.set_rng_state(cpu)
-            if cuda is not None:
-                torch.cuda.set_rng_state(cuda, _device(learn.model))
-        self.report = find_nonfinite(learn.model, learn.xb, learn.loss_func, learn.yb)
+        self.report = self._blame(learn)
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
             Console(stderr=True, highlight=False).print(self.message(), markup=False)
         raise CancelFitException()
+
+    def _blame(self, learn: Any) -> NonFiniteReport:
+        """find_nonfinite on each batch since the last good step (several with gradient accumulation),
+        each from its own RNG state so the replay draws the same dropout masks; the first one found."""
+        report = NonFiniteReport(found=False)
+        for xb, yb, (cpu, cuda) in self._batches:
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, _device(learn.model))
+            report = find_nonfinite(learn.model, xb, learn.loss_func, yb)
+            if report.found:
+                return report
+        return report
 
     def message(self) -> str:
         """One paragraph: where training stopped, what was kept, and the blame."""
