@@ -132,3 +132,9 @@ def test_report_of_a_partial_folder_explains_what_is_missing(tmp_path):
     assert "Not recorded: the run used --no-doctor" in report
     assert "The doctor was off for this run." in report
     assert report.count('class="note"') >= 5
+    assert "unfinished run" not in report
+
+
+def test_report_of_an_interrupted_run_says_it_is_unfinished(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"name": "x", "status": "running", "options": {}}))
+    assert "unfinished run" in write_report(tmp_path).read_text()

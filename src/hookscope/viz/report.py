@@ -155,6 +155,8 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
         ("training time", _duration(config.get("duration_s"))),
     ]
     cards += [(key.replace("_", " "), _fmt(value)) for key, value in last.items() if _is_final_metric(key)]
+    if config.get("status", "complete") != "complete":
+        cards.insert(0, ("status", "unfinished run"))
     shown = "".join(
         f'<div class="card"><div class="k">{html.escape(k)}</div>'
         f'<div class="v">{html.escape(str(v))}</div></div>'
