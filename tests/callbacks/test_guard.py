@@ -140,3 +140,23 @@ def test_with_gradient_accumulation_a_nan_in_the_first_batch_of_a_group_is_caugh
     assert (guard.stopped_at, guard.reason, len(snaps.weights)) == (1, "activation", 1)
     assert all(p.isfinite().all() for p in learn.model.parameters())
     assert (guard.report.module, guard.report.op) == ("0", "aten.log")
+
+
+def test_a_fault_made_by_another_callback_is_stopped_and_said_to_come_from_the_loop():
+    class SpoilGradients(hs.Callback):
+        order = 5
+
+        def before_step(self):
+            if self.learn.training_step == 2:
+                self.learn.model[0].weight.grad[0, 0] = float("nan")
+
+    torch.manual_seed(0)
+    x, y = _positive_data()
+    guard = NonFiniteGuard(quiet=True)
+    learn = hs.Learner(
+        nn.Sequential(nn.Linear(4, 3)), _loaders(x, y), nn.CrossEntropyLoss(), cbs=[SpoilGradients(), guard]
+    )
+    learn.fit(1)
+    assert (guard.stopped_at, guard.reason, guard.report.found) == (2, "gradient", False)
+    assert "comes from what the loop adds" in guard.message()
+    assert learn.model[0].weight.isfinite().all()

@@ -138,10 +138,17 @@ class NonFiniteGuard(Callback):
         if self.stopped_at is None:
             return "NonFiniteGuard: every checked loss, activation and gradient was finite."
         learn = self.learn
+        blame = str(self.report)
+        if self.report is not None and not self.report.found:
+            blame = (
+                "Replayed alone (plain forward, loss and backward, no callbacks, no autocast), the batch "
+                "stays finite: the fault comes from what the loop adds — mixed precision, a callback that "
+                "changes the loss or the gradients — so try again without them to narrow it down."
+            )
         return (
             f"NonFiniteGuard stopped training at step {self.stopped_at} (epoch {learn.epoch}, batch "
             f"{learn.iter}): the first non-finite value was in the {self.reason}. The update of that step "
-            f"was not applied, so the model keeps the weights of step {self.stopped_at}. {self.report}"
+            f"was not applied, so the model keeps the weights of step {self.stopped_at}. {blame}"
         )
 
 
