@@ -187,3 +187,19 @@ def test_loading_records_then_a_fresh_fit_ignores_a_partial_epoch():
     learn.fit(1)
     fresh_epoch = learn.recorder.losses[5:]  # five equal batches of 8
     assert learn.recorder.history[-1]["train_loss"] == pytest.approx(sum(fresh_epoch) / 5, rel=1e-6)
+
+
+def test_an_epoch_cancelled_before_the_recorder_sees_it_gets_a_nan_row():
+    class SkipOddEpochs(hs.Callback):
+        order = -100  # before the Recorder
+
+        def before_epoch(self):
+            if self.learn.epoch % 2:
+                raise hs.CancelEpochException()
+
+    learn = _learner(cbs=[SkipOddEpochs()])
+    learn.fit(3)
+    history = learn.recorder.history
+    assert [row["epoch"] for row in history] == [0, 1, 2]
+    assert math.isnan(history[1]["train_loss"]) and math.isnan(history[1]["valid_loss"])
+    assert not math.isnan(history[2]["train_loss"])

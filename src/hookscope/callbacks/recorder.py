@@ -84,11 +84,10 @@ class Recorder(Callback):
         if not self._keep_on_next_fit:
             self._reset()
         self._keep_on_next_fit = False
+        self._start_epoch()  # also ready when a callback running earlier cancels the first epoch
 
     def before_epoch(self) -> None:
-        self._epoch_start = time.perf_counter()
-        self._train_loss = torch.tensor(math.nan)
-        self._valid = self._unmeasured_valid()
+        self._start_epoch()
 
     def before_train(self) -> None:
         losses, sizes = self._carried
@@ -137,6 +136,7 @@ class Recorder(Callback):
         row: dict[str, Any] = {"epoch": self.learn.epoch, **dict(zip(names, values, strict=True))}
         row["time"] = time.perf_counter() - self._epoch_start
         self.history.append(row)
+        self._start_epoch()  # a next epoch cancelled before the Recorder sees it must not repeat this row
 
     # ---- checkpoint state ----------------------------------------------------------------------------
 
@@ -181,6 +181,11 @@ class Recorder(Callback):
         self._phase_sizes: list[int] = []
         self._valid: dict[str, torch.Tensor] = {}
         self._carried: tuple[list[float], list[int]] = ([], [])  # a resumed epoch's batches before the save
+
+    def _start_epoch(self) -> None:
+        self._epoch_start = time.perf_counter()
+        self._train_loss = torch.tensor(math.nan)
+        self._valid = self._unmeasured_valid()
 
     def _record_step(self, loss: torch.Tensor, lr: Any) -> None:
         self._pending.append(loss)
