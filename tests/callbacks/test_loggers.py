@@ -81,6 +81,21 @@ def test_non_finite_losses_are_written_as_json_null(tmp_path):
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["train_loss"] is None
 
 
-def test_negative_every_is_refused():
+def test_step_rows_reach_the_files_during_a_long_epoch(tmp_path):
+    seen = []
+
+    class Spy(hs.Callback):
+        order = 50
+
+        def after_step(self):
+            seen.append(sum(r["kind"] == "step" for r in read_metrics(tmp_path)))
+
+    _learner([MetricsLogger(tmp_path, every=1, flush_rows=3), Spy()]).fit(1)
+    assert seen == [0, 0, 3, 3, 3, 6, 6, 6]
+
+
+def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="every=-1"):
         MetricsLogger("x", every=-1)
+    with pytest.raises(ValueError, match="flush_rows=0"):
+        MetricsLogger("x", flush_rows=0)

@@ -2,9 +2,9 @@
 
 Both files hold the same rows, told apart by the ``kind`` column (``"epoch"`` or ``"step"``), so a
 spreadsheet, pandas or ``jq`` read them without knowing hookscope. Step losses stay on the device until
-the end of the epoch and are then read back in one transfer: logging never adds a per-step host sync.
-The files are rewritten atomically at the end of every epoch and of the fit, so a crash leaves the last
-complete version. The rows are part of ``state_dict``, so a resumed run continues the same files.
+the end of the epoch (or ``flush_rows`` step rows) and are then read back in one transfer: logging never
+adds a per-step host sync. The files are then rewritten atomically, so a crash leaves the last complete
+version. The rows are part of ``state_dict``, so a resumed run continues the same files.
 """
 
 from __future__ import annotations
@@ -28,17 +28,22 @@ class MetricsLogger(Callback):
     """Log per-epoch metrics (from ``learn.recorder.history``) and every ``every``-th training step.
 
     ``folder`` receives ``metrics.csv`` and ``metrics.jsonl``. ``every`` bounds the rate of step rows;
-    ``every=0`` logs epochs only.
+    ``every=0`` logs epochs only. In a long epoch the files are also rewritten every ``flush_rows`` step
+    rows, so a live run can be followed (one transfer per ``every * flush_rows`` steps).
     """
 
     run_after = ("Recorder",)
     run_valid = False
 
-    def __init__(self, folder: str | Path, every: int = 10) -> None:
-        if every < 0:
-            raise ValueError(f"MetricsLogger: every={every} must be >= 0 (0 logs epochs only)")
+    def __init__(self, folder: str | Path, every: int = 10, flush_rows: int = 50) -> None:
+        if every < 0 or flush_rows < 1:
+            raise ValueError(
+                f"MetricsLogger: every={every}, flush_rows={flush_rows}; use every >= 0 (0 logs epochs only) "
+                "and flush_rows >= 1"
+            )
         self.folder = Path(folder)
         self.every = every
+        self.flush_rows = flush_rows
         self.rows: list[dict[str, Any]] = []
         self._pending: list[tuple[int, int, torch.Tensor, float]] = []
 
@@ -48,6 +53,9 @@ class MetricsLogger(Callback):
             return
         lr = self.learn.opt.param_groups[0]["lr"]
         self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
+        if len(self._pending) >= self.flush_rows:
+            self._take_pending()
+            self.write()
 
     def after_epoch(self) -> None:
         self._take_pending()
