@@ -236,3 +236,12 @@ def test_in_place_op_on_a_childs_output_is_blamed_on_the_parent():
     x, _ = _data()
     report = hs.find_nonfinite(nn.Sequential(LogAfterChild()), x)
     assert (report.module, report.module_type, report.op) == ("0", "LogAfterChild", "aten.log_")
+
+
+def test_compiled_model_is_inspected_eagerly_with_its_own_names():
+    model = nn.Sequential(nn.Linear(4, 8), LogAct(), nn.Linear(8, 3))
+    compiled = torch.compile(model, backend="eager")
+    x, _ = _data()
+    report = hs.find_nonfinite(compiled, x)
+    assert (report.module, report.op) == ("1", "aten.log")
+    assert _hook_count(model) == 0

@@ -123,6 +123,9 @@ def find_nonfinite(
     ``target`` a tensor or a tuple passed after the prediction: ``loss_fn(pred, *target)``. The model
     runs in its current mode (train/eval); its buffers, ``.grad`` and hooks are left as they were.
     """
+    # A torch.compile'd model runs its original module eagerly here: hooks and the op trace need eager
+    # execution, and the names then read as in the user's code (no "_orig_mod." prefix).
+    model = getattr(model, "_orig_mod", model)
     args, kwargs = _split_inputs(inputs)
     targets = target if isinstance(target, tuple | list) else () if target is None else (target,)
     bad_input = _first_bad_input(args, kwargs, targets) or _first_bad_parameter(model)
