@@ -77,6 +77,8 @@ class MetricsLogger(Callback):
         atomic_write_text(self.folder / "metrics.csv", _to_csv(self.rows))
 
     def state_dict(self) -> dict[str, Any]:
+        """The rows so far, pending step rows included (a checkpoint reads them back anyway)."""
+        self._take_pending()
         return {"rows": [dict(r) for r in self.rows]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
