@@ -94,6 +94,21 @@ def test_step_rows_reach_the_files_during_a_long_epoch(tmp_path):
     assert seen == [0, 0, 3, 3, 3, 6, 6, 6]
 
 
+def test_a_mid_epoch_state_dict_holds_the_pending_step_rows(tmp_path):
+    logger = MetricsLogger(tmp_path, every=1)
+    states = []
+
+    class Saver(hs.Callback):
+        order = 90
+
+        def after_step(self):
+            if self.learn.training_step == 3:
+                states.append(logger.state_dict())
+
+    _learner([logger, Saver()]).fit(1)
+    assert [r["step"] for r in states[0]["rows"]] == [1, 2, 3]
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="every=-1"):
         MetricsLogger("x", every=-1)
