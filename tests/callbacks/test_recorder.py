@@ -203,3 +203,34 @@ def test_an_epoch_cancelled_before_the_recorder_sees_it_gets_a_nan_row():
     assert [row["epoch"] for row in history] == [0, 1, 2]
     assert math.isnan(history[1]["train_loss"]) and math.isnan(history[1]["valid_loss"])
     assert not math.isnan(history[2]["train_loss"])
+
+
+class _SkipSecondTraining(hs.Callback):
+    order = -100  # before the Recorder
+
+    def before_train(self):
+        if self.learn.epoch == 1:
+            raise hs.CancelTrainException()
+
+
+class _SkipSecondValidation(hs.Callback):
+    order = -100
+
+    def before_validate(self):
+        if self.learn.epoch == 1:
+            raise hs.CancelValidException()
+
+
+@pytest.mark.parametrize(
+    ("skipper", "skipped", "kept"),
+    [
+        (_SkipSecondTraining, ["train_loss"], "valid_loss"),
+        (_SkipSecondValidation, ["valid_loss", "accuracy"], "train_loss"),
+    ],
+)
+def test_a_phase_cancelled_before_the_recorder_sees_it_is_nan_not_the_other_phase(skipper, skipped, kept):
+    learn = _learner(cbs=[skipper()], metrics=[hs.metrics.accuracy])
+    learn.fit(2)
+    row = learn.recorder.history[1]
+    assert all(math.isnan(row[key]) for key in skipped)
+    assert not math.isnan(row[kept])

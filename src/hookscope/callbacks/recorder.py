@@ -99,7 +99,7 @@ class Recorder(Callback):
 
     def before_validate(self) -> None:
         self._phase_losses, self._phase_sizes = [], []
-        self._metric_values: list[list[torch.Tensor]] = [[] for _ in self.learn.metrics]
+        self._metric_values = [[] for _ in self.learn.metrics]
         for metric in self.learn.metrics:
             if is_stateful(metric):
                 metric.reset()
@@ -121,12 +121,18 @@ class Recorder(Callback):
 
     def after_train(self) -> None:
         self._train_loss = self._weighted_mean(self._phase_losses, self._phase_sizes)
+        self._phase_losses, self._phase_sizes = (
+            [],
+            [],
+        )  # a phase cancelled before the Recorder sees it is empty
 
     def after_validate(self) -> None:
-        valid = {"valid_loss": self._weighted_mean(self._phase_losses, self._phase_sizes)}
-        for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
-            valid[metric_name(metric)] = self._metric_result(metric, values)
-        self._valid = valid
+        self._valid = self._unmeasured_valid()
+        if self._phase_sizes:
+            self._valid["valid_loss"] = self._weighted_mean(self._phase_losses, self._phase_sizes)
+            for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
+                self._valid[metric_name(metric)] = self._metric_result(metric, values)
+        self._phase_losses, self._phase_sizes = [], []
 
     def after_epoch(self) -> None:
         names = ["train_loss", *self._valid]
@@ -179,6 +185,7 @@ class Recorder(Callback):
         self._ema_count = 0
         self._phase_losses: list[torch.Tensor] = []
         self._phase_sizes: list[int] = []
+        self._metric_values: list[list[torch.Tensor]] = []
         self._valid: dict[str, torch.Tensor] = {}
         self._carried: tuple[list[float], list[int]] = ([], [])  # a resumed epoch's batches before the save
 
