@@ -135,6 +135,13 @@ def test_report_of_a_partial_folder_explains_what_is_missing(tmp_path):
     assert "unfinished run" not in report
 
 
+def test_report_explains_missing_feature_maps_of_a_model_without_convs(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"name": "mlp", "options": {}}))
+    rows = [{"layer": "0", "type": "Linear", "output_shape": "1×10", "params": 650, "MACs": 640}]
+    (tmp_path / "summary.json").write_text(json.dumps({"total_params": 650, "rows": rows}))
+    assert "The model has no Conv2d layer" in write_report(tmp_path).read_text()
+
+
 def test_report_of_an_interrupted_run_says_it_is_unfinished(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"name": "x", "status": "running", "options": {}}))
     assert "unfinished run" in write_report(tmp_path).read_text()

@@ -106,7 +106,7 @@ def write_report(run_dir: str | Path) -> Path:
     figures = sorted((run_dir / "figures").glob("*.png"))
     body = [
         _header(config, rows, summary),
-        *_figure_sections(figures, config),
+        *_figure_sections(figures, config, summary),
         _findings_section(findings),
         _stats_section(stats),
         _summary_section(summary),
@@ -176,21 +176,26 @@ def _is_final_metric(key: str) -> bool:
     return key not in ("kind", "epoch", "step", "time", "lr")
 
 
-def _figure_sections(figures: list[Path], config: dict[str, Any]) -> list[str]:
+def _figure_sections(figures: list[Path], config: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     placed: set[Path] = set()
     sections = []
     for title, prefixes, lead in SECTIONS:
         mine = [f for f in figures if f.stem.startswith(prefixes)]
         placed.update(mine)
-        sections.append(_section(title, lead, _figures_html(mine) if mine else _missing(title, config)))
+        body = _figures_html(mine) if mine else _missing(title, config, summary)
+        sections.append(_section(title, lead, body))
     others = [f for f in figures if f not in placed]
     if others:
         sections.append(_section("Other figures", "", _figures_html(others)))
     return sections
 
 
-def _missing(title: str, config: dict[str, Any]) -> str:
+def _missing(title: str, config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """Why a section has no figure, when the run folder tells."""
     options = config.get("options", {})
+    layer_types = {row.get("type") for row in summary.get("rows", [])}
+    if title == "Feature maps" and layer_types and "Conv2d" not in layer_types:
+        return '<p class="note">The model has no Conv2d layer, so there are no feature maps to draw.</p>'
     if title in ("Activations", "Gradient flow") and options.get("doctor") is False:
         return (
             '<p class="note">Not recorded: the run used --no-doctor, which also turns the statistics off.</p>'
