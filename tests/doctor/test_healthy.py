@@ -1,6 +1,5 @@
 """Healthy models train for an epoch without a single finding: the thresholds are not trigger-happy."""
 
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -21,7 +20,6 @@ def _fit_one_epoch(model, train_dl, valid_dl=None, lr=1e-3):
     return doctor
 
 
-@pytest.mark.slow
 def test_digits_cnn_one_epoch_is_quiet():
     torch.manual_seed(0)
     train_dl, valid_dl = digits_loaders(batch_size=64)
@@ -39,7 +37,6 @@ def test_mlp_one_epoch_is_quiet():
     assert "no finding" in doctor.summary()
 
 
-@pytest.mark.slow
 def test_resnet18_on_upscaled_digits_is_quiet():
     torch.manual_seed(0)
     x, y, _, _ = digits_tensors(size=32)
