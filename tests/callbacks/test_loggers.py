@@ -114,3 +114,28 @@ def test_bad_settings_are_refused():
         MetricsLogger("x", every=-1)
     with pytest.raises(ValueError, match="flush_rows=0"):
         MetricsLogger("x", flush_rows=0)
+
+
+class _FailAtStep(hs.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def after_step(self):
+        if self.learn.training_step == self.step:
+            raise RuntimeError("boom")
+
+
+def test_a_crashed_fit_keeps_the_step_rows_logged_before_the_crash(tmp_path):
+    learn = _learner([MetricsLogger(tmp_path, every=2, flush_rows=50), _FailAtStep(7)])
+    with pytest.raises(RuntimeError, match="boom"):
+        learn.fit(1)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [2, 4, 6]
+
+
+def test_an_lr_find_sweep_is_not_logged_as_the_runs_metrics(tmp_path):
+    learn = _learner([MetricsLogger(tmp_path, every=1)])
+    learn.lr_find(num_it=5)
+    learn.fit(1)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows if r["kind"] == "step"] == list(range(1, 9))
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0]

@@ -49,7 +49,8 @@ class MetricsLogger(Callback):
 
     def after_step(self) -> None:
         step = self.learn.training_step
-        if self.every == 0 or step % self.every != 0:
+        # an lr_find sweep trains a throw-away copy of the run: its steps are not the run's metrics
+        if self.every == 0 or step % self.every != 0 or hasattr(self.learn, "lr_finder"):
             return
         lr = self.learn.opt.param_groups[0]["lr"]
         self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
@@ -58,6 +59,8 @@ class MetricsLogger(Callback):
             self.write()
 
     def after_epoch(self) -> None:
+        if hasattr(self.learn, "lr_finder"):
+            return
         self._take_pending()
         row = dict(self.learn.recorder.history[-1])
         self.rows.append(
@@ -68,6 +71,10 @@ class MetricsLogger(Callback):
     def after_fit(self) -> None:
         self._take_pending()
         self.write()
+
+    def on_failure(self, exc: BaseException) -> None:
+        """A crashed or interrupted run keeps every step row it logged, not only the finished epochs."""
+        self.after_fit()
 
     def write(self) -> None:
         """Rewrite both files from the rows logged so far."""
