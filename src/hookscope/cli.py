@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from hookscope import demo
+from hookscope.atomic import atomic_write_json
 from hookscope.data.images import load_image, sample_image
 from hookscope.hooks.capture import capture
 from hookscope.hooks.select import SelectionError, Spec
-from hookscope.run_folder import RunFolder, RunFolderError, RunFolderWriteError, atomic_write_json, read_json
+from hookscope.run_folder import RunFolder, RunFolderError, RunFolderWriteError, read_json
 from hookscope.specs import (
     IMAGENET_MEAN,
     IMAGENET_STD,

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import hookscope
+from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.clip import GradientClip
 from hookscope.callbacks.doctor import Doctor
@@ -28,7 +29,7 @@ from hookscope.callbacks.schedule import OneCycle
 from hookscope.hooks.capture import capture
 from hookscope.hooks.summary import Summary
 from hookscope.metrics import accuracy
-from hookscope.run_folder import RunFolder, atomic_write_json, atomic_write_text
+from hookscope.run_folder import RunFolder
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
 from hookscope.train.callback import Callback
 from hookscope.train.learner import Learner

@@ -13,8 +13,8 @@ Layout of ``runs/<name>/`` after ``hookscope train``::
 
 A run is written into the hidden sibling ``.<name>.partial`` and renamed to ``<name>`` only once every
 file is there, so a folder called ``<name>`` is always complete; an interrupted run stays ``.partial`` and
-``hookscope train --resume`` continues it. Every single file is written atomically too (temp file in the same
-folder, flush, fsync, ``os.replace``), so a reader never sees half a file.
+``hookscope train --resume`` continues it. Every single file is written atomically too
+(``hookscope.atomic``), so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +35,6 @@ class RunFolderError(Exception):
 
 class RunFolderWriteError(RunFolderError):
     """The file system refused to create or copy the run folder (permissions, a file in the way)."""
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a run folder is meant to be shared and served
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write UTF-8 text atomically (see :func:`atomic_write_bytes`)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically; non-JSON values (paths, dtypes) are written as strings."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def read_json(path: str | Path) -> Any:

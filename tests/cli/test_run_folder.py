@@ -1,32 +1,16 @@
 """The run folder: atomic files, the hidden .partial folder renamed at the end, resume, refusals."""
 
 import json
-import stat
 
 import pytest
 
+from hookscope.atomic import atomic_write_text
 from hookscope.run_folder import (
     RunFolder,
     RunFolderError,
     RunFolderWriteError,
-    atomic_write_json,
-    atomic_write_text,
     read_json,
 )
-
-
-def test_atomic_write_replaces_the_file_and_leaves_no_temp_file(tmp_path):
-    path = tmp_path / "sub" / "a.txt"
-    atomic_write_text(path, "old")
-    atomic_write_text(path, "new")
-    assert path.read_text() == "new"
-    assert [p.name for p in path.parent.iterdir()] == ["a.txt"]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
-
-
-def test_atomic_write_json_writes_paths_as_strings(tmp_path):
-    atomic_write_json(tmp_path / "c.json", {"out": tmp_path, "n": 1})
-    assert json.loads((tmp_path / "c.json").read_text()) == {"out": str(tmp_path), "n": 1}
 
 
 def test_a_run_is_written_hidden_and_appears_only_when_finished(tmp_path):

@@ -11,10 +11,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
+from hookscope.atomic import atomic_write
 from hookscope.train import checkpoint
 from hookscope.train.checkpoint import (
     CheckpointError,
-    atomic_write,
     capture_rng,
     load_checkpoint,
     restore_rng,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -24,11 +23,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from hookscope.atomic import atomic_write, atomic_write_bytes, fsync_dir
 
 if TYPE_CHECKING:
     from hookscope.train.learner import Learner
@@ -107,28 +108,6 @@ def loader_generators(dl: object) -> dict[str, torch.Generator]:
 # Files: atomic write, safe read
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
-    """Write ``path`` through ``write(file)`` so that readers see the old file or the new one, never a part.
-
-    The bytes go to a temp file in the same folder, are flushed and fsynced, then renamed over ``path``;
-    the folder is fsynced so the rename itself survives a power cut.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
 def link_atomic(target: Path, link: Path) -> None:
     """Make ``link`` the same file as ``target`` (a hard link, or a copy where links are unsupported),
     replacing an existing ``link`` atomically."""
@@ -139,7 +118,7 @@ def link_atomic(target: Path, link: Path) -> None:
     except OSError:
         atomic_write(tmp, lambda file: file.write(target.read_bytes()))
     os.replace(tmp, link)
-    _fsync_dir(link.parent)
+    fsync_dir(link.parent)
 
 
 def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -236,17 +215,6 @@ def _checksum(obj: object, crc: int = 0) -> int:
     return zlib.crc32(repr(obj).encode(), crc)
 
 
-def _fsync_dir(folder: Path) -> None:
-    """fsync a folder so a rename in it is durable (not possible on Windows, where rename is durable)."""
-    if os.name == "nt":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else "no details"
@@ -300,7 +268,7 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         tensors[name] = tensor.clone() if storage in storages else tensor
         storages.add(storage)
     data = safetensors_bytes(tensors, metadata={"format": "pt", "written_by": "hookscope"})
-    return atomic_write(path, lambda file: file.write(data))
+    return atomic_write_bytes(path, data)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

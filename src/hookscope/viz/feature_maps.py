@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from hookscope.run_folder import atomic_write_bytes
+from hookscope.atomic import atomic_write_bytes
 
 
 def feature_maps(

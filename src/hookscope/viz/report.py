@@ -18,8 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hookscope.atomic import atomic_write_text
 from hookscope.callbacks.loggers.metrics import read_metrics
-from hookscope.run_folder import atomic_write_text
 
 REPORT = "report.html"
 WIDE_ASPECT = 2.4  # figures wider than this (loss + metrics side by side) take the whole row

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hookscope.run_folder import atomic_write_text
+from hookscope.atomic import atomic_write_text
 from hookscope.train.callback import Callback
 
 LEADING_COLUMNS = ("kind", "epoch", "step")
