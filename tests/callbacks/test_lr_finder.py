@@ -76,6 +76,27 @@ def test_lr_find_then_fit_trains_exactly_like_fit_alone():
         assert torch.equal(p, q)
 
 
+def test_lr_find_gives_back_a_seeded_loaders_generator_and_numpy_random_state():
+    # digits_loaders-style loaders shuffle with their own generator, which torch's global state misses.
+    def learner():
+        learn = _learner()
+        train = learn.dls.train
+        shuffled = torch.Generator().manual_seed(3)
+        learn.dls.train = DataLoader(train.dataset, batch_size=16, shuffle=True, generator=shuffled)
+        return learn
+
+    swept, plain = learner(), learner()
+    torch.manual_seed(1)
+    np.random.seed(5)
+    swept.lr_find(num_it=20)
+    assert np.random.rand() == np.random.RandomState(5).rand()
+    swept.fit(1)
+    torch.manual_seed(1)
+    plain.fit(1)
+    for p, q in zip(swept.model.parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 def test_sweep_is_exponential_from_start_to_end_over_num_it_batches():
     learn = _learner()
     result = learn.lr_find(start_lr=1e-5, end_lr=1e-1, num_it=20, stop_div=False)

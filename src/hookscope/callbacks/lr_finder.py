@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler, sched_exp
 from hookscope.train.callback import Callback
+from hookscope.train.checkpoint import capture_rng, restore_rng, rng_generators
 from hookscope.train.events import CancelFitException, CancelValidException
 
 if TYPE_CHECKING:
@@ -197,7 +197,8 @@ def find_lr(
 
 class _Snapshot:
     """What a sweep changes and must give back: weights and gradients (a sweep can stop in the middle of
-    an accumulation group), optimizer and loss-scaler state, step count, random state."""
+    an accumulation group), optimizer and loss-scaler state, step count, and every RNG the run draws
+    from (python, numpy, torch, the loaders' generators): a fit after ``lr_find`` shuffles as without it."""
 
     def __init__(self, learn: Learner) -> None:
         self.cb_order = list(learn.cbs)
@@ -207,8 +208,8 @@ class _Snapshot:
         self.grads = [None if p.grad is None else p.grad.clone() for p in learn.model.parameters()]
         self.opt = copy.deepcopy(learn.opt.state_dict())
         self.training_step = learn.training_step
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.generators = rng_generators(learn)
+        self.rng = capture_rng(self.generators)
 
     def restore(self, learn: Learner) -> None:
         learn.model.load_state_dict(self.model)
@@ -218,9 +219,7 @@ class _Snapshot:
         learn.training_step = self.training_step
         for cb, state in self.precision:
             cb.load_state_dict(state)
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
+        restore_rng(self.rng, self.generators)
 
 
 def _trimmed(lrs: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
