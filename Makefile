@@ -27,7 +27,7 @@ demo: $(VENV)/.installed
 # The report test opens report.html in headless Chromium; install Debian's package when it is missing
 # (as root, like CI). When that is impossible the browser test is skipped and says why.
 browser:
-	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium) \
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 		|| echo "warning: chromium could not be installed; tests/viz/test_report.py will be skipped" >&2
 
 test: $(VENV)/.installed-dev browser
