@@ -121,10 +121,8 @@ class Recorder(Callback):
 
     def after_train(self) -> None:
         self._train_loss = self._weighted_mean(self._phase_losses, self._phase_sizes)
-        self._phase_losses, self._phase_sizes = (
-            [],
-            [],
-        )  # a phase cancelled before the Recorder sees it is empty
+        # emptied so that a phase cancelled before the Recorder sees it records nothing
+        self._phase_losses, self._phase_sizes = [], []
 
     def after_validate(self) -> None:
         self._valid = self._unmeasured_valid()
