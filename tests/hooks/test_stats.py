@@ -95,6 +95,48 @@ def test_zeros_and_nonfinite_are_exact_in_a_large_tensor_whose_histogram_is_samp
     assert np.abs(shares - want_shares).max() < 0.02
 
 
+def test_a_large_finite_tensor_gets_exact_moments_and_counts():
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 50_021) * 3 + 1  # not a multiple of any row length: exercises the tail
+    x[x.abs() < 0.5] = 0.0
+    stats = RunningStats(bins=10, range=(-10.0, 10.0), sample=10**7)
+    stats.update(x)
+    got, want = stats.read(), direct(x, 10, -10.0, 10.0)
+    assert got.nonfinite == 0
+    assert got.zero_fraction == want["zero_fraction"]
+    assert got.mean == pytest.approx(want["mean"], rel=1e-6)
+    assert got.std == pytest.approx(want["std"], rel=1e-6)
+    assert got.abs_max == want["abs_max"]
+    np.testing.assert_array_equal(got.histogram, want["histogram"])
+    np.testing.assert_array_equal(got.channel_abs_max, x.abs().amax(dim=(0, 2)).numpy())
+
+
+def test_finite_and_nonfinite_batches_mix_in_one_window():
+    torch.manual_seed(0)
+    clean, dirty = torch.randn(4, 3, 10), torch.randn(4, 3, 10)
+    dirty[1, 2, 3], dirty[0, 0, 0] = float("nan"), float("inf")
+    stats = RunningStats(bins=6, range=(-3.0, 3.0))
+    for batch in (clean, dirty, clean):
+        stats.update(batch)
+    got, want = stats.read(), direct(torch.cat([clean, dirty, clean]), 6, -3.0, 3.0)
+    assert (got.count, got.nonfinite) == (want["count"], 2)
+    assert got.mean == pytest.approx(want["mean"], rel=1e-6)
+    assert got.std == pytest.approx(want["std"], rel=1e-6)
+    assert got.abs_max == pytest.approx(want["abs_max"])
+    np.testing.assert_array_equal(got.histogram, want["histogram"])
+
+
+def test_finite_values_whose_sum_overflows_are_not_counted_as_nonfinite():
+    x = torch.tensor([3e38, 3e38, 0.0, -1.0])
+    stats = RunningStats(bins=4, range=(-2.0, 2.0))
+    stats.update(x)
+    got = stats.read()
+    assert got.nonfinite == 0
+    assert got.zero_fraction == 0.25
+    assert got.abs_max == pytest.approx(3e38)
+    assert got.histogram.sum() == 4
+
+
 def test_counts_stay_exact_beyond_float32_integer_precision():
     x = torch.zeros(2**24 + 5)
     x[:7] = 1.0
