@@ -111,6 +111,17 @@ def test_a_large_finite_tensor_gets_exact_moments_and_counts():
     np.testing.assert_array_equal(got.channel_abs_max, x.abs().amax(dim=(0, 2)).numpy())
 
 
+def test_values_on_bin_edges_land_where_histc_puts_them_in_a_large_tensor():
+    torch.manual_seed(0)
+    edges = torch.linspace(-1.3, 2.9, 38)
+    near = [edges, torch.nextafter(edges, torch.tensor(-9.0)), torch.nextafter(edges, torch.tensor(9.0))]
+    x = torch.cat([*near, torch.randn(20_000) * 2]).reshape(2, -1)
+    stats = RunningStats(bins=37, range=(-1.3, 2.9), sample=10**6)
+    stats.update(x)
+    want = torch.histc(x.clamp(-1.3, 2.9), bins=37, min=-1.3, max=2.9)
+    np.testing.assert_array_equal(stats.read().histogram, want.long().numpy())
+
+
 def test_finite_and_nonfinite_batches_mix_in_one_window():
     torch.manual_seed(0)
     clean, dirty = torch.randn(4, 3, 10), torch.randn(4, 3, 10)
