@@ -46,6 +46,8 @@ _EXACT_FLOAT32_COUNT = 2**24
 _SAME_SIZE_INT = {torch.float32: torch.int32, torch.float64: torch.int64}
 _NUMPY_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
 _BINCOUNT_FROM = 4096
+# The non-finite count of a tensor known to be finite (stack() promotes it with the other sums).
+_NO_NONFINITE = torch.zeros(())
 # Row length of the sum of squares: short enough for float32 accumulators to stay exact to ~1e-7.
 _ROW = 4096
 
@@ -186,7 +188,7 @@ def _batch_stats(
     total = x.sum()
     finite = x.device.type == "cpu" and math.isfinite(total)
     if finite:
-        nonfinite = torch.zeros((), dtype=total.dtype)
+        nonfinite = _NO_NONFINITE
         torch.abs(x, out=magnitude)
     else:
         # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
@@ -223,12 +225,12 @@ def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
     norm or dot over a million values drifts by ~1e-5 (one float32 accumulator per SIMD lane).
     """
     rows = flat.numel() // _ROW
+    if rows == 0:
+        return torch.dot(flat, flat)
+    norms = torch.linalg.vector_norm(flat[: rows * _ROW].view(rows, _ROW), dim=1)
+    total = torch.dot(norms, norms)
     tail = flat[rows * _ROW :]
-    total = torch.dot(tail, tail)
-    if rows:
-        norms = torch.linalg.vector_norm(flat[: rows * _ROW].view(rows, _ROW), dim=1)
-        total = total + torch.dot(norms, norms)
-    return total
+    return total + torch.dot(tail, tail) if tail.numel() else total
 
 
 class _ScratchBuffers:
@@ -291,7 +293,7 @@ def _bincount_histogram(values: torch.Tensor, bins: int, low: float, high: float
     lo = as_dtype(low)
     width = as_dtype(as_dtype(high) - lo)
     position = torch.sub(values, float(lo)).mul_(bins).div_(float(width)).clamp_(0, bins - 1)
-    return torch.bincount(position.to(torch.int64), minlength=bins).to(values.dtype)
+    return torch.bincount(position.to(torch.int64), minlength=bins)
 
 
 def _sample_stride(n: int, sample: int) -> int:
