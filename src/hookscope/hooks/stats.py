@@ -275,11 +275,12 @@ def _histogram(
     stride = _sample_stride(values.numel(), sample)
     if stride > 1:
         values = values[::stride]
-    if finite and values.numel() >= _BINCOUNT_FROM:
+    if not finite:  # histc skips NaN, so every non-finite value becomes NaN
+        values = torch.nan_to_num(values, nan=math.nan, posinf=math.nan, neginf=math.nan)
+    elif values.numel() >= _BINCOUNT_FROM:
         return _bincount_histogram(values, bins, low, high)
-    # histc skips NaN, so every non-finite value becomes NaN; clamping keeps out-of-range values in.
-    values = torch.nan_to_num(values, nan=math.nan, posinf=math.nan, neginf=math.nan).clamp_(low, high)
-    return torch.histc(values, bins=bins, min=low, max=high)
+    # clamping keeps out-of-range values in the edge bins
+    return torch.histc(torch.clamp(values, low, high), bins=bins, min=low, max=high)
 
 
 def _bincount_histogram(values: torch.Tensor, bins: int, low: float, high: float) -> torch.Tensor:
