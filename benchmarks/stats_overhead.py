@@ -7,6 +7,8 @@ Variants, run alternating in the same process (medians over rounds):
   ``every=1`` (default layers: the modules that own parameters, as fastai's ActivationStats); ``no
   output-grad stats`` keeps GradientStats' parameter norms and update ratios but not the per-layer
   statistics of output gradients, which cost as much as the activation statistics;
+- ``+ Doctor(every=1)``: the Doctor, which watches every leaf module (ReLUs and pools too), plus its
+  NonFiniteGuard and saturation hooks;
 - ``fastai Learner`` and ``fastai + ActivationStats(every=1)`` (mean, std, near-zero share; with
   ``with_hist=True`` also the histogram its colorful-dimension plot needs): fastai's loop and its own
   statistics callback on the same model, data and optimizer (skipped when fastai is not installed).
@@ -60,10 +62,12 @@ def loaders(steps: int) -> tuple[DataLoader, DataLoader]:
     return train, valid
 
 
-def hookscope_run(steps: int, activations: bool, gradients: bool, output_grads: bool = True) -> float:
+def hookscope_run(
+    steps: int, activations: bool, gradients: bool, output_grads: bool = True, doctor: bool = False
+) -> float:
     """Seconds per training step of one epoch of ``steps`` batches."""
     train, valid = loaders(steps)
-    cbs: list[hs.Callback] = []
+    cbs: list[hs.Callback] = [hs.callbacks.Doctor(every=1, quiet=True)] if doctor else []
     if activations:
         cbs.append(hs.callbacks.ActivationStats(every=1))
     if gradients:
@@ -103,6 +107,7 @@ def main() -> None:
         "+ ActivationStats": partial(hookscope_run, steps, True, False),
         "+ ActivationStats + GradientStats": partial(hookscope_run, steps, True, True),
         "+ both, no output-grad stats": partial(hookscope_run, steps, True, True, False),
+        "+ Doctor(every=1)": partial(hookscope_run, steps, False, False, doctor=True),
     }
     fastai, reason = optional_import("fastai.basics")
     skipped = {}
