@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from small_learner import tiny_learner, weights
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import hookscope as hs
 from hookscope.atomic import atomic_write
@@ -28,22 +29,6 @@ def deterministic():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(previous)
-
-
-def tiny_learner(seed=0, cbs=(), in_memory=True, generator=None):
-    """An MLP with dropout on shuffled random data: both the weights and the RNG streams matter."""
-    data = torch.Generator().manual_seed(0)
-    x, y = torch.randn(48, 6, generator=data), torch.randint(0, 3, (48,), generator=data)
-    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8, shuffle=True, generator=generator)
-    valid = DataLoader(TensorDataset(x[40:], y[40:]), batch_size=8)
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 3))
-    dls = hs.DataLoaders(train, valid, in_memory=in_memory)
-    return hs.Learner(model, dls, nn.CrossEntropyLoss(), lr=1e-2, cbs=list(cbs), progress=False)
-
-
-def weights(learn):
-    return [p.detach().clone() for p in learn.model.parameters()]
 
 
 def draws(generator):
