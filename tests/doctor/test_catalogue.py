@@ -1,7 +1,7 @@
 """The fault catalogue: each injected fault is found within a few steps and names the right layer."""
 
 import torch
-from doctor_faults import Branches, LogAct, SqrtAbs, digits_flat, kinds, mlp, train_with_doctor
+from faults import Branches, LogAct, SqrtAbs, digits_flat, kinds, mlp, train_with_doctor
 from torch import nn
 
 

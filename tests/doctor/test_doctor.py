@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from doctor_faults import LogAct, digits_flat, mlp, train_with_doctor
+from faults import LogAct, digits_flat, mlp, train_with_doctor
 from torch import nn
 
 import hookscope as hs

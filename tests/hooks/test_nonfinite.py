@@ -1,20 +1,9 @@
 import pytest
 import torch
+from faults import LogAct, SqrtAbs
 from torch import nn
 
 import hookscope as hs
-
-
-class LogAct(nn.Module):
-    def forward(self, x):
-        return torch.log(x)
-
-
-class SqrtAbs(nn.Module):
-    """|x| as sqrt(x*x): finite forward, infinite derivative where x == 0."""
-
-    def forward(self, x):
-        return torch.sqrt(x * x)
 
 
 class ParentLog(nn.Module):
