@@ -100,7 +100,7 @@ def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Find
                     "before, use LeakyReLU/GELU, or add normalisation before the activation.",
                     {
                         "dead_fraction": fraction,
-                        "channels": int(records[-1].stats.channel_abs_max.size),
+                        "channels": int(records[-1].stats.channel_rms.size),
                         "producer": producer,
                     },
                 )

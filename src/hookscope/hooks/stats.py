@@ -1,27 +1,27 @@
 """Running statistics of tensor streams, kept on the tensor's device and read back only on request.
 
-Watching activations during training is only affordable when it never stalls the device: fastai's
-ActivationStats calls ``.item()`` three times per layer per batch, a host sync each. Here every update is a
-handful of device ops whose results stay on the device; :func:`read_stats` turns any number of snapshots
-(many layers, many steps) into plain numbers with ONE device-to-host transfer.
+Watching activations during training is only affordable when it never stalls the device and costs little
+next to the layer itself: fastai's ActivationStats calls ``.item()`` three times per layer per batch (a
+host sync each). Here an update reads the tensor twice and copies a small sample, all on the device;
+everything else is computed later, for many layers and steps at once, by :func:`read_stats`, which also
+turns the results into plain numbers with ONE device-to-host transfer.
 
 What is kept for a stream of tensors ``x``:
 
-- ``count`` values seen, ``mean`` and ``std`` over the finite values, ``abs_max`` of the finite values.
-  Each tensor's sum (PyTorch's cascade summation) and sum of squares (norms of short rows) are taken in
-  float32 with a relative error ~1e-7 and accumulated across tensors in float64;
-- ``zero_fraction``: exact zeros among all values (what a ReLU produces; negatives are not "near zero");
-- ``nonfinite``: NaN and +/-Inf values, counted exactly and left out of every other statistic, so one Inf
-  does not silently turn the mean into NaN;
-- a histogram over ``range`` with ``bins`` equal bins; values outside the range are clamped into the first
-  or last bin, non-finite values are left out. It is the only sampled statistic: a tensor larger than
-  ``sample`` values contributes an evenly strided sample of about ``sample`` of them (a histogram of every
-  value costs ~10 ns per value on a CPU, more than the layer itself); smaller tensors count every value;
-- ``channel_abs_max``: the max |x| per channel (dim 1) for tensors of two or more dimensions, so a channel
-  whose max is 0 over a window is a dead unit.
+- exact, over every value: ``count``; ``mean`` and ``std`` of the finite values (each tensor's sum is a
+  float32 cascade sum, its sum of squares comes from norms of rows of at most one channel plane, both
+  ~1e-7 relative, accumulated in float64); ``nonfinite``, the NaN and +/-Inf values, counted exactly and
+  left out of every other statistic; ``channel_rms``, the root mean square of each channel (dim 1) of
+  tensors with two or more dims, so a channel that stayed exactly 0 (a dead unit) has ``channel_rms`` 0;
+- sampled, from at most ``sample`` values per tensor (every value of a smaller tensor): ``abs_max``,
+  ``zero_fraction`` and the ``histogram`` over ``range`` (``bins`` equal bins; out-of-range values are
+  clamped into the edge bins). The sample is ``sample // 64`` runs of 64 consecutive values spread evenly
+  over the tensor with a prime spacing (so it does not line up with rows or channels); runs keep the
+  copy cheap. ``TensorStats.sampled`` says how many values these three describe.
 
-Everything except the histogram is exact over every value. On a CPU, a tensor whose sum is finite (so
-every value is) skips the non-finite handling, about half the work; see :func:`_batch_stats`.
+Why sample those three: exact versions cost a full pass each (a per-channel max or a zero count is
+slower than the sum on a CPU), and in a small CNN every pass over a conv output costs ~1-2% of the step.
+``sample=None`` makes every statistic exact at that price.
 
 Parameter gradients get :func:`grad_norms` (one fused norm over every parameter) and
 :class:`UpdateRatio` (``||w_after - w_before|| / ||w_after||`` measured around ``opt.step()``).
@@ -29,27 +29,21 @@ Parameter gradients get :func:`grad_norms` (one fused norm over every parameter)
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 import torch
 from torch import nn
 
-# Layout of the float64 "sums" vector of a snapshot: four scalars, then the histogram counts.
-_SUM, _SUMSQ, _NONZERO, _NONFINITE = 0, 1, 2, 3
-_HEAD = 4
-# float32 sums of 0/1 indicators are exact up to 2**24 terms; larger tensors count in float64.
-_EXACT_FLOAT32_COUNT = 2**24
-_SAME_SIZE_INT = {torch.float32: torch.int32, torch.float64: torch.int64}
 _NUMPY_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
-_BINCOUNT_FROM = 4096
-# The non-finite count of a tensor known to be finite (stack() promotes it with the other sums).
-_NO_NONFINITE = torch.zeros(())
-# Row length of the sum of squares: short enough for float32 accumulators to stay exact to ~1e-7.
+# Sample runs: consecutive values per run (256 bytes of float32), and updates kept raw per window.
+_RUN = 64
+_MAX_RAW_UPDATES = 32
+# Row length of 1-d tensors' norms: short enough for float32 accumulators to stay exact to ~1e-7.
 _ROW = 4096
 
 K = TypeVar("K")
@@ -59,8 +53,8 @@ K = TypeVar("K")
 class TensorStats:
     """Statistics of every value a :class:`RunningStats` saw between two resets, as host values.
 
-    ``histogram`` holds counts per bin (``edges`` has ``bins + 1`` entries) of the finite values, or of a
-    strided sample of them for tensors larger than the accumulator's ``sample``.
+    ``abs_max``, ``zero_fraction`` and ``histogram`` describe ``sampled`` of the ``count`` values (all of
+    them when each tensor had at most the accumulator's ``sample`` values); everything else is exact.
     """
 
     count: int
@@ -71,52 +65,93 @@ class TensorStats:
     nonfinite: int
     histogram: np.ndarray
     edges: np.ndarray
-    channel_abs_max: np.ndarray
+    channel_rms: np.ndarray
+    sampled: int
 
     @property
     def finite(self) -> int:
-        """How many values were finite (the ones mean, std and histogram describe)."""
+        """How many values were finite (the ones mean and std describe)."""
         return self.count - self.nonfinite
 
     def dead_fraction(self, threshold: float = 0.0) -> float:
-        """Fraction of channels whose max |x| stayed at or below ``threshold`` (dead units).
+        """Fraction of channels whose root mean square stayed at or below ``threshold`` (dead units).
 
-        0.0 when the tensors had no channel dimension.
+        With the default 0 that is channels whose every finite value was exactly 0 (or below ~1e-19 in
+        magnitude, whose square underflows). 0.0 when the tensors had no channel dimension.
         """
-        if self.channel_abs_max.size == 0:
+        if self.channel_rms.size == 0:
             return 0.0
-        return float(np.mean(self.channel_abs_max <= threshold))
+        return float(np.mean(self.channel_rms <= threshold))
+
+
+class _Update(NamedTuple):
+    """What one tensor leaves on the device: two reductions and a sample, all its statistics need.
+
+    ``norms`` holds L2 norms of the finite values, flat, laid out as ``(rows, channels)``: one row per
+    batch item for tensors with channels, a single channel otherwise. ``nonfinite`` is None when the
+    tensor is known to be finite (no count was taken). ``sample`` may have any shape.
+    """
+
+    total: torch.Tensor
+    norms: torch.Tensor
+    channels: int
+    nonfinite: torch.Tensor | None
+    sample: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Updates of one layout reduced on the device: one row per update, or one for a folded window.
+
+    ``head`` is float64 ``[sum, non-finite count, zeros in the sample, non-finite values in the sample]``
+    per row, ``histogram`` float64 counts of the finite sampled values, ``abs_max`` the largest finite
+    sampled |x|, ``channel_sq`` the float64 sum of squares per channel, ``sampled`` the number of
+    sampled values behind each row.
+    """
+
+    head: torch.Tensor
+    histogram: torch.Tensor
+    abs_max: torch.Tensor
+    channel_sq: torch.Tensor
+    sampled: list[int]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.head, self.histogram, self.abs_max, self.channel_sq]
 
 
 @dataclass(frozen=True)
 class DeviceStats:
     """A snapshot still on the device: what :func:`read_stats` turns into :class:`TensorStats`.
 
-    ``sums`` is float64 ``[sum, sum of squares, non-zero finite count, non-finite count, histogram...]``,
-    ``maxes`` the per-channel max |x| (or a single overall max when ``channels`` is False).
+    Holds the window's raw updates (and, for windows longer than 32 updates, the reduction of the
+    earlier ones); taking it costs nothing, so a callback can take one per step and read them in bulk.
     """
 
     count: int
-    sums: torch.Tensor
-    maxes: torch.Tensor
     channels: bool
     bins: int
     range: tuple[float, float]
+    updates: tuple[_Update, ...]
+    folded: _Rows | None
 
 
 class RunningStats:
     """Accumulates statistics of every tensor passed to :meth:`update`, without a host sync.
 
     ``bins`` and ``range`` define the histogram (``range`` should include negatives for anything but
-    post-ReLU activations). ``snapshot()`` hands the device-side state to :func:`read_stats`.
+    post-ReLU activations); ``sample`` caps the values per tensor behind ``abs_max``, ``zero_fraction``
+    and the histogram (None: every value, at the cost of extra passes). ``snapshot()`` hands the
+    device-side state to :func:`read_stats`.
     """
 
-    def __init__(self, bins: int = 40, range: tuple[float, float] = (-5.0, 5.0), sample: int = 16384) -> None:
+    def __init__(
+        self, bins: int = 40, range: tuple[float, float] = (-5.0, 5.0), sample: int | None = 2048
+    ) -> None:
         low, high = float(range[0]), float(range[1])
-        if bins < 1 or not low < high or sample < 1:
+        if bins < 1 or not low < high or (sample is not None and sample < 1):
             raise ValueError(
-                f"RunningStats needs bins >= 1, range low < high and sample >= 1, got bins={bins}, "
-                f"range={range}, sample={sample}; use e.g. bins=40, range=(-5.0, 5.0), sample=16384"
+                f"RunningStats needs bins >= 1, range low < high and sample >= 1 (or None), got bins={bins}, "
+                f"range={range}, sample={sample}; use e.g. bins=40, range=(-5.0, 5.0), sample=2048"
             )
         self.bins = bins
         self.range = (low, high)
@@ -126,31 +161,33 @@ class RunningStats:
     def reset(self) -> None:
         """Forget everything seen so far."""
         self.count = 0
-        self._sums: torch.Tensor | None = None
-        self._maxes: torch.Tensor | None = None
-        self._channels = False
+        self._updates: list[_Update] = []
+        self._folded: _Rows | None = None
+        self._channels: int | None = None  # dim 1 of the tensors, 0 for tensors of fewer than 2 dims
 
     def update(self, x: torch.Tensor) -> None:
         """Add every value of ``x`` (any shape, any float dtype) to the running statistics."""
         if x.numel() == 0:
             return
-        sums, maxes, channels = _batch_stats(x.detach(), self.bins, self.range, self.sample)
-        if self._sums is None or self._maxes is None:
-            self._sums, self._maxes, self._channels = sums, maxes, channels
-        else:
-            self._check_same_channels(maxes, channels)
-            self._sums = self._sums + sums
-            self._maxes = torch.maximum(self._maxes, maxes)
+        channels = x.shape[1] if x.dim() >= 2 else 0
+        if channels != self._channels:
+            self._set_channels(channels)
+        self._updates.append(_update_of(x.detach(), self.sample, max(channels, 1)))
         self.count += x.numel()
+        # without a sample limit an update holds a copy of the whole tensor: reduce it at once
+        if self.sample is None or len(self._updates) >= _MAX_RAW_UPDATES:
+            self._folded = _fold(self._folded, self._updates, self.bins, self.range)
+            self._updates = []
 
     def snapshot(self, reset: bool = False) -> DeviceStats | None:
         """The state so far as a :class:`DeviceStats` (None before any update); ``reset`` starts afresh.
 
         Cheap: no copy and no transfer, so a callback can take one per step and read them later in bulk.
         """
-        if self._sums is None or self._maxes is None:
+        if self._channels is None:
             return None
-        snap = DeviceStats(self.count, self._sums, self._maxes, self._channels, self.bins, self.range)
+        channels = self._channels > 0
+        snap = DeviceStats(self.count, channels, self.bins, self.range, tuple(self._updates), self._folded)
         if reset:
             self.reset()
         return snap
@@ -160,151 +197,165 @@ class RunningStats:
         snap = self.snapshot()
         return None if snap is None else read_stats([snap])[0]
 
-    def _check_same_channels(self, maxes: torch.Tensor, channels: bool) -> None:
-        assert self._maxes is not None
-        if channels != self._channels or maxes.shape != self._maxes.shape:
-            now = maxes.numel() if channels else "no"
-            before = self._maxes.numel() if self._channels else "no"
-            raise ValueError(
-                f"RunningStats got a tensor with {now} channels (dim 1) after tensors with {before} "
-                "channels; keep one RunningStats per stream of same-layout tensors"
-            )
+    def _set_channels(self, channels: int) -> None:
+        """Remember the first tensor's channel count; refuse a different one later."""
+        if self._channels is None:
+            self._channels = channels
+            return
+        now, before = channels or "no", self._channels or "no"
+        raise ValueError(
+            f"RunningStats got a tensor with {now} channels (dim 1) after tensors with {before} "
+            "channels; keep one RunningStats per stream of same-layout tensors"
+        )
 
 
-def _batch_stats(
-    x: torch.Tensor, bins: int, hist_range: tuple[float, float], sample: int
-) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Device-side statistics of one tensor: (float64 sums vector, per-channel max |x|, has channels).
+def _update_of(x: torch.Tensor, sample: int | None, channels: int) -> _Update:
+    """The device-side reductions of one tensor, without a host sync on accelerators.
 
-    Every op here is a vectorised pass with no data-dependent branch on the device: count_nonzero,
-    isfinite().sum() and a full histc run 10-100x slower on CPU than the arithmetic used instead. A tensor
-    whose sum is finite holds only finite values (one NaN or Inf makes any sum NaN or Inf), so on a CPU,
-    where reading that sum costs no device sync, such a tensor skips the non-finite handling: four passes
-    (sum, abs, norms of rows, amax) and a sign count instead of eleven.
+    A tensor whose sum is finite holds only finite values (one NaN or Inf makes any sum NaN or Inf), so
+    on a CPU, where reading that sum is a memory read, such a tensor needs just the sum, the row norms and
+    the sample. Other tensors, and every tensor on other devices, take the branch-free path that counts
+    non-finite values and leaves them out of the sum and norms. Each op call counts: in a training step
+    an update's small ops cost as much as its passes over the values, so there are as few as possible.
     """
     if not x.is_floating_point() or x.element_size() < 4:
-        x = x.float()  # integers, and half precision sums and histograms that lose too much
-    count_dtype = torch.float64 if x.numel() > _EXACT_FLOAT32_COUNT else None
-    magnitude, scratch = _SCRATCH.buffers(x)
+        x = x.float()  # integers, and half precision sums that lose too much
+    if not x.is_contiguous():
+        x = x.contiguous()
     total = x.sum()
-    finite = x.device.type == "cpu" and math.isfinite(total)
-    if finite:
-        nonfinite = _NO_NONFINITE
-        torch.abs(x, out=magnitude)
-    else:
-        # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
-        torch.mul(x, 0.0, out=scratch).nan_to_num_(nan=1.0)
-        nonfinite = scratch.sum(dtype=count_dtype)
-        torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0, out=magnitude)
-        total = magnitude.sum()
-        magnitude.abs_()
-    histogram = _histogram(x, bins, hist_range, sample, finite)
-    total_sq = _sum_of_squares(magnitude.view(-1))
-    maxes, channels = _channel_max(magnitude)
-    nonzero = magnitude.sign_().sum(dtype=count_dtype)
-    head = torch.stack([total, total_sq, nonzero, nonfinite])  # promoted to float64 for huge tensors
-    return torch.cat([head, histogram]).to(torch.float64), maxes, channels
+    values = _sample(x, sample)
+    if x.device.type == "cpu" and math.isfinite(total):
+        return _Update(total, _norms(x), channels, None, values)
+    # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
+    nonfinite = torch.mul(x, 0.0).nan_to_num_(nan=1.0).sum(dtype=torch.float64)
+    clean = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    return _Update(clean.sum(), _norms(clean), channels, nonfinite, values)
 
 
-def _channel_max(magnitude: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Max per channel (dim 1) of finite values >= 0, or the overall max of a 1-d tensor.
+def _norms(x: torch.Tensor) -> torch.Tensor:
+    """L2 norms of a contiguous tensor, flat, whose squares sum to the exact total sum of squares.
 
-    Reduced as integers: the bit patterns of non-negative floats sort like the floats, and an integer
-    max vectorises better (no NaN propagation), 1.6x faster on CPU.
+    Tensors with channels (dim 1) give one norm per batch item and channel (a 2-d tensor one per column);
+    others one norm per run of at most 4096 values. Short rows keep the float32 accumulators exact to
+    ~1e-7, where a single norm over a million values drifts by ~1e-5.
     """
-    bits = magnitude.view(_SAME_SIZE_INT[magnitude.dtype])
-    if magnitude.dim() >= 2:
-        dims = [d for d in range(magnitude.dim()) if d != 1]
-        return bits.amax(dim=dims).view(magnitude.dtype), True
-    return bits.amax().reshape(1).view(magnitude.dtype), False
+    if x.dim() >= 3:
+        return torch.linalg.vector_norm(x.view(x.shape[0] * x.shape[1], -1), dim=1)
+    if x.dim() == 2:
+        return torch.linalg.vector_norm(x, dim=0)
+    flat = x.view(-1)
+    whole = flat.numel() - flat.numel() % _ROW
+    rows = torch.linalg.vector_norm(flat[:whole].view(-1, _ROW), dim=1)
+    if whole == flat.numel():
+        return rows
+    return torch.cat([rows, torch.linalg.vector_norm(flat[whole:]).view(1)])
 
 
-def _sum_of_squares(flat: torch.Tensor) -> torch.Tensor:
-    """Sum of squares of a contiguous 1-d tensor, as exact as a cascade sum (relative error ~1e-7).
+def _sample(x: torch.Tensor, sample: int | None) -> torch.Tensor:
+    """A copy of every value of a contiguous tensor, or of runs of consecutive values spread evenly."""
+    if sample is None or x.numel() <= sample:
+        return x.clone()
+    runs, length, spacing = _sample_layout(x.numel(), sample)
+    # clone: always a copy, so a later in-place op on the tensor cannot change the sample
+    return x.as_strided((runs, length), (spacing, 1)).clone()
 
-    One pass and no temporary: the norms of rows of ``_ROW`` values, then their dot product. A single
-    norm or dot over a million values drifts by ~1e-5 (one float32 accumulator per SIMD lane).
+
+@functools.lru_cache(maxsize=256)
+def _sample_layout(n: int, sample: int) -> tuple[int, int, int]:
+    """``sample // 64`` runs of 64 values (fewer, shorter runs for a small ``sample``) and their spacing."""
+    runs = min(sample, max(1, sample // _RUN))
+    length = sample // runs
+    return runs, length, _spacing(n, runs, length)
+
+
+def _spacing(n: int, runs: int, length: int) -> int:
+    """Distance between run starts: the largest prime that fits ``runs`` runs into ``n`` values.
+
+    Prime, so run starts fall at every offset of a row or channel instead of the same one.
     """
-    rows = flat.numel() // _ROW
-    if rows == 0:
-        return torch.dot(flat, flat)
-    norms = torch.linalg.vector_norm(flat[: rows * _ROW].view(rows, _ROW), dim=1)
-    total = torch.dot(norms, norms)
-    tail = flat[rows * _ROW :]
-    return total + torch.dot(tail, tail) if tail.numel() else total
+    widest = (n - length) // max(runs - 1, 1)
+    for candidate in range(widest, length - 1, -1):
+        if candidate < 4 or all(candidate % d for d in range(2, math.isqrt(candidate) + 1)):
+            return candidate
+    return widest
 
 
-class _ScratchBuffers:
-    """Two reusable CPU work buffers per thread and dtype, grown to the largest tensor seen.
+def _layout(update: _Update) -> tuple[object, ...]:
+    """Updates with the same layout stack into one tensor and are reduced together."""
+    return (update.norms.numel(), update.channels, update.sample.numel(), update.total.device)
 
-    A statistics update needs one tensor-sized temporary, two for a tensor with non-finite values. On a
-    CPU, allocating them fresh costs more than the arithmetic (each large allocation is new memory from
-    the OS, page-faulted on first touch), so they are kept and reused; updates on a thread run one after
-    another, so reuse is safe. The cost is two copies of the largest monitored tensor. Other devices
-    allocate fresh buffers: their caching allocators already reuse memory, and GPU memory is too precious
-    to hold.
+
+def _fold(
+    before: _Rows | None, updates: Sequence[_Update], bins: int, hist_range: tuple[float, float]
+) -> _Rows:
+    """A window's updates, plus what its earlier updates were folded into, as one row on the device."""
+    groups: dict[tuple[object, ...], list[_Update]] = {}
+    for update in updates:
+        groups.setdefault(_layout(update), []).append(update)
+    parts = [_rows_of(group, bins, hist_range) for group in groups.values()]
+    parts += [before] if before is not None else []
+    return _Rows(
+        torch.cat([part.head for part in parts]).sum(0, keepdim=True),
+        torch.cat([part.histogram for part in parts]).sum(0, keepdim=True),
+        torch.cat([part.abs_max for part in parts]).amax(0, keepdim=True),
+        torch.cat([part.channel_sq for part in parts]).sum(0, keepdim=True),
+        [sum(sum(part.sampled) for part in parts)],
+    )
+
+
+def _rows_of(updates: Sequence[_Update], bins: int, hist_range: tuple[float, float]) -> _Rows:
+    """Reduce same-layout updates together: a fixed number of device ops, however many there are.
+
+    Reading 100 steps of a layer thus costs about as many op calls as reading one. Samples of tensors
+    known to be finite skip the non-finite masking; zeros are counted as ``sign(|x|)`` sums, since
+    boolean reductions are 5x slower on CPU.
     """
+    samples = torch.stack([update.sample.view(-1) for update in updates])
+    finite = None if all(update.nonfinite is None for update in updates) else torch.isfinite(samples)
+    magnitude = samples.abs() if finite is None else torch.where(finite, samples.abs(), 0.0)
+    abs_max = magnitude.amax(1)
+    nonzero = magnitude.sign_().sum(1).to(torch.float64)  # non-finite values count as 0 here
+    zero = torch.zeros((), dtype=torch.float64, device=samples.device)
+    nonfinite = torch.stack([zero if update.nonfinite is None else update.nonfinite for update in updates])
+    sample_nonfinite = zero.expand(len(updates)) if finite is None else (~finite).sum(1).to(torch.float64)
+    head = torch.stack(
+        [
+            torch.stack([update.total for update in updates]).to(torch.float64),
+            nonfinite.to(torch.float64),
+            samples.shape[1] - nonzero - sample_nonfinite,
+            sample_nonfinite,
+        ],
+        dim=1,
+    )
+    norms = torch.stack([update.norms for update in updates]).view(len(updates), -1, updates[0].channels)
+    squares = norms.to(torch.float64).square_().sum(1)
+    histogram = _histograms(samples, finite, bins, hist_range)
+    return _Rows(head, histogram, abs_max, squares, [samples.shape[1]] * len(updates))
 
-    def __init__(self) -> None:
-        self._local = threading.local()
 
-    def buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two tensors shaped like ``like`` (same dtype and device), contents undefined."""
-        if like.device.type != "cpu":
-            return torch.empty_like(like), torch.empty_like(like)
-        pool: dict[torch.dtype, torch.Tensor] = self._local.__dict__.setdefault("pool", {})
-        n = like.numel()
-        flat = pool.get(like.dtype)
-        if flat is None or flat.numel() < 2 * n:
-            flat = pool[like.dtype] = torch.empty(2 * n, dtype=like.dtype)
-        return flat[:n].view(like.shape), flat[n : 2 * n].view(like.shape)
-
-
-_SCRATCH = _ScratchBuffers()
-
-
-def _histogram(
-    x: torch.Tensor, bins: int, hist_range: tuple[float, float], sample: int, finite: bool
+def _histograms(
+    samples: torch.Tensor, finite: torch.Tensor | None, bins: int, hist_range: tuple[float, float]
 ) -> torch.Tensor:
-    """Counts of the finite values of ``x`` (or of every ``stride``-th one), out-of-range clamped.
+    """Float64 counts ``(rows, bins)`` of the finite values of each row, binned exactly as ``torch.histc``.
 
-    ``finite`` says ``x`` is known to hold only finite values: the bins of a large sample are then
-    computed with ``torch.histc``'s own arithmetic and counted with ``bincount``, 1.7x faster than
-    ``histc`` on 16384 values (slower below ``_BINCOUNT_FROM``: more ops).
+    Same arithmetic as histc on clamped values, so a value on a bin edge lands in the same bin: the
+    range rounded to the values' dtype, ``(v - low) * bins / (high - low)``, truncated; clamping the
+    bin index puts out-of-range values (and ``high`` itself) into the edge bins. Non-finite values go
+    to one extra bin per row that is dropped.
     """
     low, high = hist_range
-    values = x.reshape(-1) if x.is_contiguous() else x.flatten()
-    stride = _sample_stride(values.numel(), sample)
-    if stride > 1:
-        values = values[::stride]
-    if not finite:  # histc skips NaN, so every non-finite value becomes NaN
-        values = torch.nan_to_num(values, nan=math.nan, posinf=math.nan, neginf=math.nan)
-    elif values.numel() >= _BINCOUNT_FROM:
-        return _bincount_histogram(values, bins, low, high)
-    # clamping keeps out-of-range values in the edge bins
-    return torch.histc(torch.clamp(values, low, high), bins=bins, min=low, max=high)
-
-
-def _bincount_histogram(values: torch.Tensor, bins: int, low: float, high: float) -> torch.Tensor:
-    """What ``torch.histc(values.clamp(low, high), bins, low, high)`` returns, for finite values.
-
-    Same arithmetic as histc, so values on a bin edge land in the same bin: the range rounded to the
-    values' dtype, ``(v - low) * bins / (high - low)``, truncated; clamping the bin index instead of the
-    values puts out-of-range values (and ``high`` itself) into the edge bins.
-    """
-    as_dtype = _NUMPY_FLOAT[values.dtype]
+    as_dtype = _NUMPY_FLOAT[samples.dtype]
     lo = as_dtype(low)
     width = as_dtype(as_dtype(high) - lo)
-    position = torch.sub(values, float(lo)).mul_(bins).div_(float(width)).clamp_(0, bins - 1)
-    return torch.bincount(position.to(torch.int64), minlength=bins)
-
-
-def _sample_stride(n: int, sample: int) -> int:
-    """A prime stride giving about ``sample`` values of ``n``; prime so it does not follow a row length."""
-    stride = -(-n // sample)
-    while stride > 2 and any(stride % d == 0 for d in range(2, math.isqrt(stride) + 1)):
-        stride += 1
-    return stride
+    position = torch.sub(samples, float(lo)).mul_(bins).div_(float(width)).clamp_(0, bins - 1)
+    if finite is not None:
+        position = torch.where(finite, position, float(bins))
+    rows = samples.shape[0]
+    # int32 indices: converting and counting them is twice as fast as int64
+    offsets = torch.arange(0, rows * (bins + 1), bins + 1, dtype=torch.int32, device=samples.device)
+    index = position.to(torch.int32).add_(offsets[:, None])
+    counts = torch.bincount(index.view(-1), minlength=rows * (bins + 1))
+    return counts.view(rows, bins + 1)[:, :bins].to(torch.float64)
 
 
 @overload
@@ -331,12 +382,50 @@ def read_all(
 ) -> tuple[list[TensorStats], list[np.ndarray]]:
     """Read snapshots AND any other device tensors (gradient norms, ratios...) in one transfer per device.
 
-    Returns the :class:`TensorStats` of the snapshots and float64 arrays shaped like ``tensors``.
+    Updates of all snapshots that share histogram settings and layout are reduced together (see
+    :func:`_rows_of`). Returns the :class:`TensorStats` of the snapshots and float64 arrays shaped like
+    ``tensors``.
     """
-    parts = [t for snap in snapshots for t in (snap.sums, snap.maxes)]
-    host = to_host([*parts, *tensors])
-    stats = [_to_tensor_stats(snap, host[2 * i], host[2 * i + 1]) for i, snap in enumerate(snapshots)]
-    return stats, host[len(parts) :]
+    groups: dict[tuple[int, tuple[float, float], tuple[object, ...]], list[tuple[int, _Update]]] = {}
+    for i, snap in enumerate(snapshots):
+        for update in snap.updates:
+            groups.setdefault((snap.bins, snap.range, _layout(update)), []).append((i, update))
+    reduced = [
+        ([i for i, _ in members], _rows_of([update for _, update in members], bins, hist_range))
+        for (bins, hist_range, _), members in groups.items()
+    ]
+    reduced += [([i], snap.folded) for i, snap in enumerate(snapshots) if snap.folded is not None]
+    host = to_host([t for _, rows in reduced for t in rows.tensors()] + list(tensors))
+    sums: list[_HostSums | None] = [None] * len(snapshots)
+    for k, (owners, rows) in enumerate(reduced):
+        head, histogram, abs_max, channel_sq = host[4 * k : 4 * k + 4]
+        # bulk conversions per group: per-row numpy calls would dominate reading many small windows
+        heads, maxes, counts = head.tolist(), abs_max.tolist(), histogram.astype(np.int64)
+        for r, i in enumerate(owners):
+            row = _HostSums(heads[r], counts[r], maxes[r], channel_sq[r], rows.sampled[r])
+            sums[i] = row if sums[i] is None else sums[i].plus(row)
+    stats = [_to_tensor_stats(snap, s) for snap, s in zip(snapshots, sums, strict=True) if s is not None]
+    return stats, host[4 * len(reduced) :]
+
+
+@dataclass(frozen=True)
+class _HostSums:
+    """One window's reductions on the host."""
+
+    head: list[float]
+    histogram: np.ndarray
+    abs_max: float
+    channel_sq: np.ndarray
+    sampled: int
+
+    def plus(self, other: _HostSums) -> _HostSums:
+        return _HostSums(
+            [a + b for a, b in zip(self.head, other.head, strict=True)],
+            self.histogram + other.histogram,
+            max(self.abs_max, other.abs_max),
+            self.channel_sq + other.channel_sq,
+            self.sampled + other.sampled,
+        )
 
 
 def _as_snapshot(item: DeviceStats | RunningStats, key: object) -> DeviceStats:
@@ -348,23 +437,33 @@ def _as_snapshot(item: DeviceStats | RunningStats, key: object) -> DeviceStats:
     return snap
 
 
-def _to_tensor_stats(snap: DeviceStats, sums: np.ndarray, maxes: np.ndarray) -> TensorStats:
-    histogram = np.rint(sums[_HEAD:]).astype(np.int64)
-    nonfinite = round(float(sums[_NONFINITE]))
+def _to_tensor_stats(snap: DeviceStats, sums: _HostSums) -> TensorStats:
+    total, nonfinite_sum, sample_zeros, sample_nonfinite = sums.head
+    nonfinite = round(nonfinite_sum)
     finite = snap.count - nonfinite
-    mean = float(sums[_SUM]) / finite if finite else math.nan
-    var = max(float(sums[_SUMSQ]) / finite - mean * mean, 0.0) if finite else math.nan
+    mean = total / finite if finite else math.nan
+    var = max(float(sums.channel_sq.sum()) / finite - mean * mean, 0.0) if finite else math.nan
+    per_channel = snap.count / sums.channel_sq.size
     return TensorStats(
         count=snap.count,
-        mean=float(mean),
+        mean=mean,
         std=math.sqrt(var),
-        abs_max=float(maxes.max()) if finite else math.nan,
-        zero_fraction=(finite - float(sums[_NONZERO])) / snap.count if snap.count else math.nan,
+        abs_max=sums.abs_max if sums.sampled > sample_nonfinite else math.nan,
+        zero_fraction=sample_zeros / sums.sampled,
         nonfinite=nonfinite,
-        histogram=histogram,
-        edges=np.linspace(snap.range[0], snap.range[1], snap.bins + 1),
-        channel_abs_max=maxes.astype(np.float64) if snap.channels else np.zeros(0),
+        histogram=sums.histogram,
+        edges=_edges(snap.range, snap.bins),
+        channel_rms=np.sqrt(sums.channel_sq / per_channel) if snap.channels else np.zeros(0),
+        sampled=sums.sampled,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _edges(hist_range: tuple[float, float], bins: int) -> np.ndarray:
+    """Bin edges, shared read-only by every :class:`TensorStats` with the same histogram settings."""
+    edges = np.linspace(hist_range[0], hist_range[1], bins + 1)
+    edges.flags.writeable = False
+    return edges
 
 
 def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
@@ -435,6 +534,7 @@ class UpdateRatio:
             )
         self._armed = False
         torch._foreach_sub_(self._before, self.params)
-        deltas = torch.stack(torch._foreach_norm(self._before))
-        weights = torch.stack(torch._foreach_norm(self.params))
+        # one fused call for both lists: each op call costs more than these small norms
+        norms = torch.stack(torch._foreach_norm(self._before + self.params))
+        deltas, weights = norms[: len(self.params)], norms[len(self.params) :]
         return (deltas / weights.clamp_min(torch.finfo(weights.dtype).tiny)).to(torch.float32)
