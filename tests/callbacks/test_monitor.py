@@ -46,7 +46,7 @@ class Raise(hs.Callback):
 
 def test_activation_stats_equal_a_direct_computation_on_captured_outputs():
     model = small_cnn()
-    acts = ActivationStats(select=["1", "2"], bins=20, range=(-4.0, 4.0))
+    acts = ActivationStats(select=["1", "2"], bins=20, range=(-4.0, 4.0), sample=None)  # all exact
     learn = learner(model, acts)
     with hs.capture(model, ["1", "2"]) as cap:
         learn.fit(1)
@@ -66,9 +66,9 @@ def test_activation_stats_equal_a_direct_computation_on_captured_outputs():
             assert got.zero_fraction == pytest.approx((values == 0).double().mean().item())
             want_hist = torch.histc(values.clamp(-4.0, 4.0), bins=20, min=-4.0, max=4.0)
             np.testing.assert_array_equal(got.histogram, want_hist.long().numpy())
-            np.testing.assert_allclose(
-                got.channel_abs_max, values.abs().amax(dim=(0, 2, 3)).numpy(), rtol=1e-6
-            )
+            assert got.abs_max == pytest.approx(values.abs().max().item(), rel=1e-6)
+            rms = values.pow(2).mean(dim=(0, 2, 3)).sqrt().numpy()
+            np.testing.assert_allclose(got.channel_rms, rms, rtol=1e-6)
 
 
 def test_batchnorm_stats_keep_negatives_although_an_inplace_relu_follows():
@@ -126,7 +126,7 @@ def test_pending_records_of_all_layers_and_steps_are_read_in_one_transfer(monkey
 
 def test_hooks_are_removed_after_fit_and_after_a_failure():
     model = small_cnn()
-    acts, grads = ActivationStats(), GradientStats()
+    acts, grads = ActivationStats(), GradientStats(output_grads=True)
     learn = learner(model, acts, grads)
     learn.fit(1)
     assert all_hooks(model) == 0
@@ -167,7 +167,9 @@ def test_gradient_stats_equal_direct_norms_and_update_ratios():
 
 def test_output_gradient_stats_equal_captured_gradients():
     model = small_cnn()
-    grads = GradientStats(select=["1", "4"], update_ratio=False, bins=10, range=(-0.05, 0.05))
+    grads = GradientStats(
+        select=["1", "4"], output_grads=True, update_ratio=False, bins=10, range=(-0.05, 0.05)
+    )
     learn = learner(model, grads)
     with hs.capture(model, ["1", "4"], what="grad_output") as cap:
         learn.fit(1)
@@ -215,6 +217,14 @@ def test_a_cancelled_step_has_no_update_ratio():
     assert [r.step for r in records] == [0, 0, 1, 2, 3, 4]
     assert records[0].update_ratio is None and records[0].grad_norm is not None
     assert all(r.update_ratio is not None for r in records[1:])
+
+
+def test_gradient_stats_record_parameters_only_unless_output_grads_are_asked_for():
+    model = small_cnn()
+    grads = GradientStats()
+    learner(model, grads).fit(1)
+    assert grads.history == {}
+    assert len(grads.param_history["0.weight"]) == len(grads.param_history["4.bias"]) > 0
 
 
 def test_callbacks_are_reachable_by_name_and_exported():

@@ -71,7 +71,7 @@ class Doctor(Callback):
         self.thresholds = thresholds or Thresholds()
         self.check_every, self.quiet, self.max_print = check_every, quiet, max_print
         self.activations = ActivationStats(select=select, every=every, read_every=check_every)
-        self.gradients = GradientStats(every=every, select=select, read_every=check_every)
+        self.gradients = GradientStats(every=every, select=select, output_grads=True, read_every=check_every)
         self.guard = NonFiniteGuard(quiet=True) if guard else None
         self.findings: list[Finding] = []
         self._seen: set[tuple[str, str]] = set()
