@@ -194,10 +194,11 @@ def _write_stats(folder: RunFolder, doctor: Doctor) -> None:
             "step": record.step,
             "mean": record.stats.mean,
             "std": record.stats.std,
-            "abs_max": record.stats.abs_max,
-            "zeros": record.stats.zero_fraction,
             "dead_units": record.stats.dead_fraction(),
             "non_finite": record.stats.nonfinite,
+            "abs_max": record.stats.abs_max,
+            "zeros": record.stats.zero_fraction,
+            "sampled": record.stats.sampled,
         }
         for name, record in doctor.activations.latest().items()
     ]

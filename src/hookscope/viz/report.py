@@ -258,7 +258,10 @@ def _layer(finding: dict[str, Any]) -> str:
 
 
 def _stats_section(stats: list[dict[str, Any]]) -> str:
-    lead = "Activation statistics per layer at the end of training (accumulated on the device)."
+    lead = (
+        "Activation statistics per layer at the last recorded step (accumulated on the device): mean, std, "
+        "dead units and non-finite count over every value; abs_max and zeros over the sampled values."
+    )
     if not stats:
         return _section(
             "Per-layer activation statistics", lead, '<p class="note">Not recorded in this run.</p>'
