@@ -55,6 +55,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def paired_ratio(times: dict[str, list[float]], name: str, baseline: str) -> float:
+    """Median over rounds of ``name``'s time over ``baseline``'s in the same round.
+
+    Neighbouring runs share the machine's state, so this is steadier than a ratio of two medians when
+    a shared machine speeds up and slows down between rounds.
+    """
+    return median([a / b for a, b in zip(times[name], times[baseline], strict=True)])
+
+
 def format_table(
     title: str, per_step_us: dict[str, float], baseline: str, skipped: dict[str, str] | None = None
 ) -> str:

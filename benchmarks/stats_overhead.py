@@ -4,9 +4,10 @@ Variants, run alternating in the same process (medians over rounds):
 
 - ``hookscope Learner``: the bare loop (baseline);
 - ``+ ActivationStats`` and ``+ ActivationStats + GradientStats``: the monitor callbacks with
-  ``every=1`` (default layers: the modules that own parameters, as fastai's ActivationStats); ``no
-  output-grad stats`` keeps GradientStats' parameter norms and update ratios but not the per-layer
-  statistics of output gradients, which cost as much as the activation statistics;
+  ``every=1`` and their defaults (layers: the modules that own parameters, as fastai's ActivationStats;
+  GradientStats: per-parameter gradient norms and update ratios); ``+ both, output_grads=True`` adds
+  GradientStats' per-layer statistics of output gradients, which cost as much as the activation
+  statistics;
 - ``+ Doctor(every=1)``: the Doctor, which watches every leaf module (ReLUs and pools too), plus its
   NonFiniteGuard and saturation hooks;
 - ``fastai Learner`` and ``fastai + ActivationStats(every=1)`` (mean, std, near-zero share; with
@@ -14,7 +15,8 @@ Variants, run alternating in the same process (medians over rounds):
   statistics callback on the same model, data and optimizer (skipped when fastai is not installed).
 
 Model and data: two 3x3 convs (1->16->32 channels, ReLU, max-pool) and a linear head on 1x28x28 inputs,
-batch 64, AdamW(lr=1e-3), in-memory tensors, CPU, one thread; each epoch ends with one validation batch.
+batch 64, AdamW(lr=1e-3), in-memory tensors, CPU, one thread; an epoch of 100 steps ends with one
+validation batch.
 Target: the monitored Learner at most 1.10x the bare one. Times are CPU time of this process
 (``time.process_time``): with one thread that is the work done, and a busy shared machine inflates wall
 time by whatever else runs there (we saw 3x swings between identical runs).
@@ -30,7 +32,14 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from common import benchmark_args, format_table, median, optional_import, run_alternating  # benchmarks/
+from common import (  # benchmarks/
+    benchmark_args,
+    format_table,
+    median,
+    optional_import,
+    paired_ratio,
+    run_alternating,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -63,7 +72,7 @@ def loaders(steps: int) -> tuple[DataLoader, DataLoader]:
 
 
 def hookscope_run(
-    steps: int, activations: bool, gradients: bool, output_grads: bool = True, doctor: bool = False
+    steps: int, activations: bool, gradients: bool, output_grads: bool = False, doctor: bool = False
 ) -> float:
     """Seconds per training step of one epoch of ``steps`` batches."""
     train, valid = loaders(steps)
@@ -100,13 +109,13 @@ def fastai_run(steps: int, monitored: bool, with_hist: bool = False) -> float:
 
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
-    steps, rounds = (8, 2) if args.quick else (50, args.rounds)
+    steps, rounds = (8, 2) if args.quick else (100, args.rounds)
     torch.set_num_threads(1)
     variants: dict[str, Callable[[], float]] = {
         "hookscope Learner": partial(hookscope_run, steps, False, False),
         "+ ActivationStats": partial(hookscope_run, steps, True, False),
         "+ ActivationStats + GradientStats": partial(hookscope_run, steps, True, True),
-        "+ both, no output-grad stats": partial(hookscope_run, steps, True, True, False),
+        "+ both, output_grads=True": partial(hookscope_run, steps, True, True, True),
         "+ Doctor(every=1)": partial(hookscope_run, steps, False, False, doctor=True),
     }
     fastai, reason = optional_import("fastai.basics")
@@ -124,6 +133,9 @@ def main() -> None:
     title = f"stats overhead: small CNN 1x28x28, batch {BATCH}, {steps} steps x {rounds} rounds, 1 thread"
     title += ", CPU time"
     print(format_table(title, per_step_us, "hookscope Learner", skipped))
+    for name in ("+ ActivationStats + GradientStats", "+ both, output_grads=True"):
+        ratio = paired_ratio(times, name, "hookscope Learner")
+        print(f"  {name} vs bare, median of per-round ratios: {ratio:.3f}x (target <= 1.10x)")
     if "fastai Learner" in per_step_us:
         ratio = per_step_us["fastai + ActivationStats"] / per_step_us["fastai Learner"]
         print(f"  fastai ActivationStats vs bare fastai: {ratio:.2f}x")
