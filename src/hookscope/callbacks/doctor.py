@@ -46,7 +46,7 @@ class Doctor(Callback):
 
     ``select`` picks the layers watched (None: every leaf module); statistics are taken every ``every``
     training steps and the rules run every ``check_every`` steps. The statistics are the main cost
-    (about 1.8x a tiny CNN's step at ``every=1``; see docs/benchmarks.md): raise ``every`` for long runs.
+    (about 1.4x a tiny CNN's step at ``every=1``; see docs/benchmarks.md): raise ``every`` for long runs.
     ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first one, keeping the last
     good weights).
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.
