@@ -151,3 +151,20 @@ def test_a_fault_made_by_another_callback_is_stopped_and_said_to_come_from_the_l
     assert (guard.stopped_at, guard.reason, guard.report.found) == (2, "gradient", False)
     assert "comes from what the loop adds" in guard.message()
     assert learn.model[0].weight.isfinite().all()
+
+
+def test_a_float16_overflow_is_blamed_by_replaying_under_the_same_autocast():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    with torch.no_grad():
+        model[0].weight.fill_(50.0)  # 4 inputs of 400 give 80000: finite in float32, inf in float16
+    x, y = _positive_data()
+    x[4 * 2 + 1] = 400.0
+    guard = NonFiniteGuard(quiet=True)
+    mixed = hs.callbacks.MixedPrecision(dtype=torch.float16)
+    learn = hs.Learner(model, _loaders(x, y), nn.CrossEntropyLoss(), lr=1e-3, cbs=[mixed, guard])
+    learn.fit(1)
+    assert (guard.stopped_at, guard.reason) == (2, "activation")
+    r = guard.report
+    assert r.found and (r.phase, r.module, r.module_type) == ("forward", "0", "Linear")
+    assert model(x[9:10]).isfinite().all()  # the same batch in float32 is fine: only autocast overflows

@@ -10,11 +10,13 @@ is free; on a GPU it costs the run-ahead of one step, and only while the guard i
 
 When a check fails the step is skipped, the buffers (BatchNorm running statistics) and the RNG are put
 back as they were before the batch, :func:`hookscope.find_nonfinite` replays the offending batch to name
-the module, op and phase, and ``CancelFitException`` ends the fit with the last good weights in place.
+the module, op and phase — under the autocast the batch ran with (``MixedPrecision``), since a float16
+overflow only happens there — and ``CancelFitException`` ends the fit with the last good weights in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -55,7 +57,8 @@ class NonFiniteGuard(Callback):
         self._checked = True  # no batch since the last check: the next one snapshots the buffers
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
-        self._batches: list[tuple[tuple, tuple, tuple]] = []  # (xb, yb, RNG states) since the last check
+        # (xb, yb, RNG states, autocast dtype or None) of the batches since the last check
+        self._batches: list[tuple[tuple, tuple, tuple, torch.dtype | None]] = []
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
@@ -75,8 +78,10 @@ class NonFiniteGuard(Callback):
         self._checked = False
         device = _device(self.learn.model)
         cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        # MixedPrecision (which runs first) has entered autocast for this batch when it is on
+        amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         if self.learn.yb:  # only batches that reach a loss lead to a step (and a check)
-            self._batches.append((self.learn.xb, self.learn.yb, (torch.get_rng_state(), cuda)))
+            self._batches.append((self.learn.xb, self.learn.yb, (torch.get_rng_state(), cuda), amp))
 
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.learn.training:
@@ -124,11 +129,14 @@ class NonFiniteGuard(Callback):
         """find_nonfinite on each batch since the last good step (several with gradient accumulation),
         each from its own RNG state so the replay draws the same dropout masks; the first one found."""
         report = NonFiniteReport(found=False)
-        for xb, yb, (cpu, cuda) in self._batches:
+        device = _device(learn.model)
+        for xb, yb, (cpu, cuda), amp in self._batches:
             torch.set_rng_state(cpu)
             if cuda is not None:
-                torch.cuda.set_rng_state(cuda, _device(learn.model))
-            report = find_nonfinite(learn.model, xb, learn.loss_func, yb)
+                torch.cuda.set_rng_state(cuda, device)
+            autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+            with autocast:
+                report = find_nonfinite(learn.model, xb, learn.loss_func, yb)
             if report.found:
                 return report
         return report
@@ -141,9 +149,10 @@ class NonFiniteGuard(Callback):
         blame = str(self.report)
         if self.report is not None and not self.report.found:
             blame = (
-                "Replayed alone (plain forward, loss and backward, no callbacks, no autocast), the batch "
-                "stays finite: the fault comes from what the loop adds — mixed precision, a callback that "
-                "changes the loss or the gradients — so try again without them to narrow it down."
+                "Replayed alone (forward, loss and backward under the same autocast, no callbacks, no "
+                "loss scaling), the batch stays finite: the fault comes from what the loop adds — a "
+                "callback that changes the loss or the gradients, the loss scale — so try again without "
+                "them to narrow it down."
             )
         return (
             f"NonFiniteGuard stopped training at step {self.stopped_at} (epoch {learn.epoch}, batch "
