@@ -135,6 +135,22 @@ def test_the_sample_is_a_copy_so_a_later_in_place_op_does_not_change_it():
     assert got.histogram[:2].sum() > 0.4 * got.sampled  # the negatives are still there
 
 
+def test_a_large_batch_of_many_channels_keeps_one_norm_per_channel_and_stays_exact():
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, 3, 3) * 2 + 0.5  # 8192 planes
+    x[:, 5] = 0.0
+    stats = RunningStats()
+    stats.update(x)
+    # what waits on the device for the read is one norm per channel, not one per plane
+    assert stats.snapshot().updates[0].norms.numel() == 128
+    got, want = stats.read(), direct(x, 40, -5.0, 5.0)
+    assert got.std == pytest.approx(want["std"], rel=1e-6)
+    np.testing.assert_allclose(
+        got.channel_rms, x.double().pow(2).mean(dim=(0, 2, 3)).sqrt().numpy(), rtol=1e-6
+    )
+    assert got.dead_fraction() == 1 / 128
+
+
 def test_a_long_window_folds_its_updates_and_stays_exact():
     torch.manual_seed(0)
     batches = [torch.randn(4, 3, 5) * (1 + i % 3) for i in range(75)]

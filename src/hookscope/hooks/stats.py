@@ -88,8 +88,9 @@ class _Update(NamedTuple):
     """What one tensor leaves on the device: two reductions and a sample, all its statistics need.
 
     ``norms`` holds L2 norms of the finite values, flat, laid out as ``(rows, channels)``: one row per
-    batch item for tensors with channels, a single channel otherwise. ``nonfinite`` is None when the
-    tensor is known to be finite (no count was taken). ``sample`` may have any shape.
+    batch item (or a single row, see :func:`_norms`) for tensors with channels, a single channel
+    otherwise. ``nonfinite`` is None when the tensor is known to be finite (no count was taken).
+    ``sample`` may have any shape.
     """
 
     total: torch.Tensor
@@ -235,12 +236,19 @@ def _update_of(x: torch.Tensor, sample: int | None, channels: int) -> _Update:
 def _norms(x: torch.Tensor) -> torch.Tensor:
     """L2 norms of a contiguous tensor, flat, whose squares sum to the exact total sum of squares.
 
-    Tensors with channels (dim 1) give one norm per batch item and channel (a 2-d tensor one per column);
-    others one norm per run of at most 4096 values. Short rows keep the float32 accumulators exact to
-    ~1e-7, where a single norm over a million values drifts by ~1e-5.
+    Tensors with channels (dim 1) give one norm per batch item and channel, or per channel when there are
+    more than 4096 of those (a 2-d tensor one per column); others one norm per run of at most 4096
+    values. Short rows keep the float32 accumulators exact to ~1e-7, where a single norm over a million
+    values drifts by ~1e-5.
     """
     if x.dim() >= 3:
-        return torch.linalg.vector_norm(x.view(x.shape[0] * x.shape[1], -1), dim=1)
+        items, channels = x.shape[0], x.shape[1]
+        planes = torch.linalg.vector_norm(x.view(items * channels, -1), dim=1)
+        if items * channels <= _ROW:
+            return planes
+        # many planes (a large batch of many channels): keep one norm per channel, so that the updates
+        # waiting to be read stay small; the per-channel sums of squares stay float32-exact (~1e-7)
+        return planes.square_().view(items, channels).sum(0).sqrt_()
     if x.dim() == 2:
         return torch.linalg.vector_norm(x, dim=0)
     flat = x.view(-1)
