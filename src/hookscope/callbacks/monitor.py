@@ -119,7 +119,8 @@ class ActivationStats(Callback):
     Records training batches whose step is a multiple of ``every`` (the interval doubles each time the
     bounded ``history`` is thinned); validation too when ``include_valid`` (one record per validation
     phase, in ``valid_history``). ``bins`` and ``range`` define the histograms of the colorful-dimension
-    plot, taken over at most about ``sample`` values per tensor (see :mod:`hookscope.hooks.stats`).
+    plot; the histogram, ``abs_max`` and ``zero_fraction`` are taken over at most ``sample`` values per
+    tensor, everything else over every value (see :mod:`hookscope.hooks.stats`; None: all exact).
     Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too.
     """
 
@@ -249,7 +250,8 @@ class GradientStats(Callback):
     each ``select``-ed module (default :func:`with_parameters`; None = every leaf module), taken with
     tensor hooks so in-place ops after a module do not break them. They are off by default: they cost as
     much as :class:`ActivationStats` (a CNN's output gradients are as large as its activations), while
-    the per-parameter norms, what the gradient-flow plot shows, cost about a tenth of that.
+    the per-parameter norms, what the gradient-flow plot shows, cost a fraction of that (on the small
+    CNN of ``benchmarks/stats_overhead.py``: 1-3% of a step against 4-8%).
     """
 
     order = 15
