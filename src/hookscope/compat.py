@@ -1,0 +1,137 @@
+"""The one module that touches private torch APIs.
+
+hookscope needs a few things torch does not (yet) expose publicly: the dispatch-mode base class, the fused
+``_foreach`` kernels, a hook handle's registry, the markers ``torch.compile`` leaves on a module, and a
+tensor's in-place version counter. Each is wrapped here, once, with the torch versions it was checked on,
+so a torch upgrade that moves one of them breaks this file and its test (``tests/test_compat.py``) and
+nothing else; ``tests/test_private_torch_apis.py`` keeps every other file off private torch names.
+
+The wrappers add no behaviour: each does exactly what the private call it wraps does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+# Checked on 2.14.1 (the pinned version). The base class of ``__torch_dispatch__`` modes (used by
+# find_nonfinite's op trace and the FLOP counter): documented in the "extending torch" notes, yet it lives
+# in a private module. Present under this path throughout torch 2.x (added in the 1.12/1.13 era).
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.hooks import RemovableHandle
+
+__all__ = [
+    "ORIGINAL_MODULE_ATTR",
+    "TorchDispatchMode",
+    "compile_in_use",
+    "foreach_copy_",
+    "foreach_norm",
+    "foreach_sub_",
+    "hook_dict_of",
+    "is_compile_wrapper",
+    "is_compiled_in_place",
+    "is_compiled_module",
+    "tensor_version",
+    "uncompiled",
+]
+
+# Checked on 2.14.1. The attribute of torch.compile's wrapper (``OptimizedModule``) that holds the user's
+# module, since torch 2.0. Named here so that error messages can tell users about it.
+ORIGINAL_MODULE_ATTR = "_orig_mod"
+
+
+# ------------------------------------------------------------------------------------------ foreach kernels
+
+
+def foreach_norm(tensors: Sequence[torch.Tensor], ord: float = 2) -> list[torch.Tensor]:
+    """``torch._foreach_norm``: the ``ord``-norm of each tensor, one 0-dim tensor each, in one fused launch
+    per device and dtype (what ``clip_grad_norm_`` uses). Each norm keeps its tensor's dtype and device.
+
+    Checked on 2.14.1; present throughout torch 2.x (``clip_grad_norm_`` relies on it).
+    """
+    return list(torch._foreach_norm(list(tensors), ord))
+
+
+def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """``torch._foreach_copy_``: ``d.copy_(s)`` for every pair, fused.
+
+    Checked on 2.14.1; added in torch 2.1 (pytorch/pytorch#107226).
+    """
+    torch._foreach_copy_(list(dst), list(src))
+
+
+def foreach_sub_(tensors: Sequence[torch.Tensor], other: Sequence[torch.Tensor]) -> None:
+    """``torch._foreach_sub_``: ``t.sub_(o)`` for every pair, fused.
+
+    Checked on 2.14.1; one of the first foreach ops (torch 1.7).
+    """
+    torch._foreach_sub_(list(tensors), list(other))
+
+
+# ------------------------------------------------------------------------------------------------- hooks
+
+
+def hook_dict_of(handle: RemovableHandle) -> dict[int, Any] | None:
+    """The hook registry ``handle`` removes its hook from, or None when that owner (module, tensor) is gone.
+
+    ``handle.hooks_dict_ref`` is a weakref to the owner's dict of hooks keyed by ``handle.id``; torch has no
+    public "is this hook still registered" query. Checked on 2.14.1; the attribute exists since torch 1.0.
+    """
+    return handle.hooks_dict_ref()
+
+
+# ----------------------------------------------------------------------------------------- torch.compile
+
+
+def compile_in_use() -> bool:
+    """Whether anything can be compiled in this process: ``torch.compile`` imports ``torch._dynamo``.
+
+    Checking ``sys.modules`` avoids importing dynamo (about a second) just to learn nothing is compiled.
+    Checked on 2.14.1 (``torch._dynamo.eval_frame`` since 2.0).
+    """
+    return "torch._dynamo.eval_frame" in sys.modules
+
+
+def is_compile_wrapper(module: nn.Module) -> bool:
+    """``module`` is the wrapper ``torch.compile(model)`` returns (``OptimizedModule``, since torch 2.0).
+
+    False without importing dynamo when it is not loaded (then nothing was compiled). Checked on 2.14.1.
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
+def is_compiled_in_place(module: nn.Module) -> bool:
+    """``module.compile()`` was called: its ``__call__`` now runs a compiled graph.
+
+    ``nn.Module.compile`` stores the compiled call in ``_compiled_call_impl`` (None otherwise), since torch
+    2.2. Checked on 2.14.1.
+    """
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def is_compiled_module(module: nn.Module) -> bool:
+    """Either form of ``torch.compile``: the wrapper, or a module compiled in place."""
+    return is_compile_wrapper(module) or is_compiled_in_place(module)
+
+
+def uncompiled(model: Any) -> Any:
+    """The user's module inside a ``torch.compile`` wrapper (its ``_orig_mod``); anything else unchanged.
+
+    Checked on 2.14.1 (``OptimizedModule._orig_mod`` since 2.0).
+    """
+    return getattr(model, ORIGINAL_MODULE_ATTR, model)
+
+
+# ----------------------------------------------------------------------------------------------- tensors
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter: it grows with every in-place op on the tensor (or a view sharing its
+    memory), so an unchanged value proves nothing wrote to it. Autograd uses it to detect in-place
+    modification; torch exposes it only as ``Tensor._version``. Checked on 2.14.1 (exists since 0.4)."""
+    return tensor._version
