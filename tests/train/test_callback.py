@@ -1,7 +1,7 @@
 import pytest
 
 import hookscope as hs
-from hookscope.train.callback import dispatch_table, sort_callbacks
+from hookscope.train.callback import dispatch_table, flatten, sort_callbacks
 
 
 class A(hs.Callback):
@@ -82,3 +82,87 @@ def test_name_is_snake_case_without_the_callback_suffix():
     assert A().name == "a"
     assert hs.callbacks.Recorder().name == "recorder"
     assert hs.callbacks.ProgressBar().name == "progress_bar"
+
+
+class Log(hs.Callback):
+    """Appends (its label, event) to a shared list at the events a composite test watches."""
+
+    def __init__(self, label, calls, order=0, run_valid=True):
+        self.label, self.calls, self.order, self.run_valid = label, calls, order, run_valid
+
+    def before_fit(self):
+        self.calls.append((self.label, "before_fit"))
+
+    def after_batch(self):
+        self.calls.append((self.label, "after_batch", self.learn.training))
+
+
+class Composite(Log):
+    def __init__(self, calls, parts):
+        super().__init__("whole", calls, order=0)
+        self._parts = parts
+
+    @property
+    def parts(self):
+        return self._parts
+
+
+def test_parts_of_a_composite_run_at_their_own_order_and_the_whole_after_them():
+    from small_learner import tiny_learner
+
+    calls = []
+    late, early = Log("late", calls, order=50), Log("early", calls, order=-50, run_valid=False)
+    other = Log("other", calls, order=10)
+    learn = tiny_learner(cbs=[Composite(calls, [late, early]), other])
+    learn.fit(1)
+    assert calls[:4] == [("early", "before_fit"), ("other", "before_fit"), ("late", "before_fit"),
+                         ("whole", "before_fit")]  # fmt: skip
+    first_batch = calls[4:8]
+    assert [c[0] for c in first_batch] == ["early", "other", "late", "whole"]
+    valid_labels = {c[0] for c in calls if c[1] == "after_batch" and c[2] is False}
+    assert valid_labels == {"other", "late", "whole"}  # run_valid=False holds for a part too
+    assert late.learn is learn and early.learn is learn  # parts get the learner without being attributes
+    assert late not in learn.cbs and early not in learn.cbs
+
+
+def test_a_part_that_must_run_after_its_owner_is_a_cycle():
+    class Owner(hs.Callback):
+        def __init__(self, part):
+            self.part = part
+
+        @property
+        def parts(self):
+            return [self.part]
+
+    class Part(hs.Callback):
+        run_after = ("Owner",)
+
+    with pytest.raises(hs.CallbackOrderError, match="cycle"):
+        sort_callbacks(flatten([Owner(Part())]))
+
+
+def test_wrap_method_sees_every_other_method_of_the_table():
+    seen = []
+
+    class Tracer(hs.Callback):
+        order = -100
+
+        def wrap_method(self, event, method):
+            seen.append((event, type(method.__self__).__name__))
+            return method
+
+    a, c = A(), C()
+    dispatch_table(sort_callbacks([Tracer(), a, c]), training=True)
+    assert seen == [("before_fit", "A"), ("after_batch", "C")]
+
+
+def test_validate_reads_what_the_recorder_put_in_valid_record():
+    from small_learner import tiny_learner
+
+    learn = tiny_learner()
+    results = learn.validate()
+    assert set(results) == {"valid_loss"}
+    assert results["valid_loss"] == pytest.approx(float(learn.valid_record["valid_loss"]))
+    learn.remove_cb(learn.recorder)
+    with pytest.raises(RuntimeError, match="keep the Recorder"):
+        learn.validate()

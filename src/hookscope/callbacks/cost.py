@@ -1,9 +1,9 @@
 """CallbackCost: how much wall time each callback spends at each event — cheap enough to leave on.
 
-When a ``CallbackCost`` is attached, the Learner builds its dispatch tables through
-:meth:`CallbackCost.timed`, which wraps every other callback's event method in a timer (two
-``perf_counter`` calls and two dict updates, well under a microsecond). Callbacks that do not define an
-event are not in the table, so they cost nothing.
+It uses the dispatch table's general ``wrap_method`` mechanism (``hookscope.train.callback``): when the
+table is built, every other callback's event method passes through :meth:`CallbackCost.wrap_method`, which
+wraps it in a timer (two ``perf_counter`` calls and two dict updates, well under a microsecond).
+Callbacks that do not define an event are not in the table, so they cost nothing.
 Times are host wall times: work a callback queues on an accelerator is counted when it is waited for.
 """
 
@@ -28,10 +28,6 @@ class CallbackCost(Callback):
         self._seconds: dict[tuple[str, str], float] = defaultdict(float)
         self._calls: dict[tuple[str, str], int] = defaultdict(int)
         self.fit_seconds = 0.0
-
-    def timed(self, table: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        """A copy of a dispatch table in which every other callback's method is timed."""
-        return {event: [self._wrap(event, m) for m in methods] for event, methods in table.items()}
 
     @property
     def costs(self) -> dict[str, dict[str, dict[str, float]]]:
@@ -64,7 +60,8 @@ class CallbackCost(Callback):
         if self.show:
             print(self.report())
 
-    def _wrap(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_method(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` (another callback's handler of ``event``) timed into :attr:`costs`."""
         owner = getattr(method, "__self__", None)
         if owner is self:
             return method

@@ -1,11 +1,12 @@
 """The Doctor: watches a training run and says, in plain words, what is wrong and where.
 
-It drives three helpers of its own — :class:`ActivationStats` and :class:`GradientStats` (the on-device
-statistics) and a :class:`NonFiniteGuard` — plus a small hook on tanh/sigmoid layers for saturation,
-forwarding its events to them, so it works the same whether it is passed to the Learner or to one
-``fit(cbs=...)``. Every ``check_every`` training steps (and once at the end) it reads everything pending
-in a few bulk transfers and applies the rules of :mod:`hookscope.callbacks.doctor_rules`. New findings
-are printed once, deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
+It is made of three callbacks — :class:`ActivationStats` and :class:`GradientStats` (the on-device
+statistics) and a :class:`NonFiniteGuard` — which it declares as its ``parts``: the Learner dispatches
+them as callbacks of their own, each at its own ``order``, and runs the Doctor after them at every
+event. The Doctor itself adds a small hook on tanh/sigmoid layers for saturation. Every
+``check_every`` training steps (and once at the end) it reads everything pending in a few bulk
+transfers and applies the rules of :mod:`hookscope.callbacks.doctor_rules`. New findings are printed
+once, deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
 
 ``hs.diagnose(model_or_learner, data, steps=...)`` runs a short training on a copy of the model with a
 Doctor attached, as a quick check before a long run.
@@ -19,7 +20,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from rich.console import Console
 from torch import nn
 
 from hookscope.callbacks import doctor_rules as rules
@@ -31,7 +31,7 @@ from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import to_host
 from hookscope.train.callback import Callback
 from hookscope.train.data import DataLoaders
-from hookscope.train.events import BATCH_EVENTS, CancelFitException
+from hookscope.train.events import CancelFitException
 from hookscope.train.learner import Learner
 
 _SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
@@ -54,7 +54,6 @@ class Doctor(Callback):
 
     order = 15
     run_after = ("MixedPrecision",)
-    run_before = ("GradientClip", "GradientClipValue")  # see the gradient norms before they are clipped
 
     def __init__(
         self,
@@ -86,16 +85,13 @@ class Doctor(Callback):
         self._steps_since_check = 0
 
     @property
-    def helpers(self) -> list[Callback]:
-        """The callbacks the Doctor drives, in the order their events run."""
+    def parts(self) -> list[Callback]:
+        """The callbacks the Doctor is made of; the Learner runs them, and the Doctor after them."""
         return [cb for cb in (self.guard, self.activations, self.gradients) if cb is not None]
 
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        for cb in self.helpers:
-            cb.learn = self.learn
-        self._forward("before_fit")
         self._watch_saturation()
         model = self.learn.model
         frozen: dict[str, int] = {}
@@ -106,25 +102,11 @@ class Doctor(Callback):
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._report(rules.frozen(frozen, trainable))
 
-    def before_batch(self) -> None:
-        self._forward("before_batch")
-
     def after_loss(self) -> None:
         if self.learn.training:
             self._losses.append((self.learn.training_step, self.learn.loss.detach().float()))
-        self._forward("after_loss")
-
-    def before_step(self) -> None:
-        self._forward("before_step")
-
-    def after_step(self) -> None:
-        self._forward("after_step")
-
-    def after_cancel_step(self) -> None:
-        self._forward("after_cancel_step")
 
     def after_batch(self) -> None:
-        self._forward("after_batch")
         if not self.learn.training:
             return
         self._close_step()
@@ -132,24 +114,16 @@ class Doctor(Callback):
         if self._steps_since_check >= self.check_every:
             self.check()
 
-    def before_validate(self) -> None:
-        self._forward("before_validate")
-
-    def after_validate(self) -> None:
-        self._forward("after_validate")
-
     def after_cancel_fit(self) -> None:
         if self.guard is not None and self.guard.report is not None:
             self._report(rules.nonfinite(self.guard.report, self.guard.stopped_at or 0, self.guard.reason))
 
     def after_fit(self) -> None:
         self._hooks.remove()
-        self._forward("after_fit")
         self.check()
 
     def on_failure(self, exc: BaseException) -> None:
         self._hooks.remove()
-        self._forward("on_failure", exc)
 
     # ---- checking --------------------------------------------------------------------------------------
 
@@ -190,18 +164,8 @@ class Doctor(Callback):
             self.findings.append(finding)
             if not self.quiet and self._printed < self.max_print:
                 self._printed += 1
-                style = _SEVERITY_STYLE.get(finding.severity, "")
-                Console(stderr=True, highlight=False).print(f"Doctor {finding}", style=style, markup=False)
+                _print_finding(finding)
         return new
-
-    def _forward(self, event: str, *args: Any) -> None:
-        """Run ``event`` on the helpers; the guard only watches training batches."""
-        for cb in self.helpers:
-            if cb is self.guard and not self.learn.training and event in BATCH_EVENTS:
-                continue
-            method = getattr(cb, event, None)
-            if method is not None:
-                method(*args)
 
     def _watch_saturation(self) -> None:
         self._hooks.remove()
@@ -249,6 +213,14 @@ class Doctor(Callback):
 
     def _sizes(self) -> dict[str, int]:
         return {name: p.numel() for name, p in self.learn.model.named_parameters()}
+
+
+def _print_finding(finding: Finding) -> None:
+    """One finding on stderr, coloured by severity."""
+    from rich.console import Console  # loaded on the first finding, not with hookscope
+
+    style = _SEVERITY_STYLE.get(finding.severity, "")
+    Console(stderr=True, highlight=False).print(f"Doctor {finding}", style=style, markup=False)
 
 
 def _layer_gradients(

@@ -64,12 +64,6 @@ class Recorder(Callback):
         """History keys of the learner's metrics, in order."""
         return [metric_name(m) for m in self.learn.metrics]
 
-    def valid_results(self) -> dict[str, float]:
-        """Loss and metrics of the most recent validation pass, read in one transfer."""
-        names = list(self._valid)
-        values = torch.stack([self._valid[n] for n in names]).tolist() if names else []
-        return dict(zip(names, values, strict=True))
-
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
@@ -131,6 +125,7 @@ class Recorder(Callback):
             for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
                 self._valid[metric_name(metric)] = self._metric_result(metric, values)
         self._phase_losses, self._phase_sizes = [], []
+        self.learn.valid_record = dict(self._valid)
 
     def after_epoch(self) -> None:
         names = ["train_loss", *self._valid]

@@ -4,6 +4,14 @@ A callback is a plain class whose methods are named after events (``before_fit``
 it reads and writes the loop state through ``self.learn``. Ordering is resolved once per ``fit`` into a
 dispatch table that holds, for each event, only the callbacks that define it — so an event nobody
 listens to costs a dictionary lookup, not a loop over every callback.
+
+Two general mechanisms keep the Learner free of special cases:
+
+- a callback made of other callbacks lists them in :attr:`Callback.parts`; the table holds the parts as
+  callbacks of their own (each with its ``order``, ``run_train`` and ``run_valid``), and the composite
+  runs after its parts at every event, so it reads what they recorded for the same batch;
+- a callback that defines ``wrap_method(event, method)`` sees every other callback's event method when the
+  table is built and may return a replacement (``CallbackCost`` times them this way).
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ class Callback:
         """Snake-case class name without the ``Callback`` suffix: ``GradientClip`` -> ``gradient_clip``."""
         return _snake(type(self).__name__.removesuffix("Callback") or "callback")
 
+    @property
+    def parts(self) -> list[Callback]:
+        """The callbacks this one is made of (none by default); they are dispatched as callbacks of their
+        own, and this one runs after them at every event."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep to resume this callback exactly (plain containers only)."""
         return {}
@@ -50,6 +64,14 @@ class Callback:
 
 class CallbackOrderError(ValueError):
     """``run_before`` / ``run_after`` constraints form a cycle."""
+
+
+def flatten(cbs: Iterable[Callback]) -> list[Callback]:
+    """``cbs`` with the parts of every composite callback (recursively) placed before their owner."""
+    flat: list[Callback] = []
+    for cb in cbs:
+        flat += [*flatten(cb.parts), cb]
+    return flat
 
 
 def sort_callbacks(cbs: Iterable[Callback]) -> list[Callback]:
@@ -71,7 +93,11 @@ def sort_callbacks(cbs: Iterable[Callback]) -> list[Callback]:
 
 
 def dispatch_table(cbs: list[Callback], *, training: bool) -> dict[str, list[Any]]:
-    """For each event, the bound methods to call in order; batch events honour run_train/run_valid."""
+    """For each event, the bound methods to call in order; batch events honour run_train/run_valid.
+
+    Every method passes through the ``wrap_method`` of each callback that defines one (in order).
+    """
+    wrappers = [cb.wrap_method for cb in cbs if hasattr(cb, "wrap_method")]
     table: dict[str, list[Any]] = {}
     for event in EVENTS:
         methods = []
@@ -81,14 +107,16 @@ def dispatch_table(cbs: list[Callback], *, training: bool) -> dict[str, list[Any
                 continue
             if event in BATCH_EVENTS and not (cb.run_train if training else cb.run_valid):
                 continue
+            for wrap in wrappers:
+                method = wrap(event, method)
             methods.append(method)
         table[event] = methods
     return table
 
 
 def _predecessors(cb: Callback, cbs: list[Callback]) -> set[int]:
-    """ids of the callbacks that must run before ``cb``."""
-    before: set[int] = set()
+    """ids of the callbacks that must run before ``cb``: those it names, and its own parts."""
+    before: set[int] = {id(part) for part in cb.parts}
     for other in cbs:
         if other is cb:
             continue

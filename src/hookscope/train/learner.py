@@ -11,19 +11,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from hookscope.callbacks.cost import CallbackCost
-from hookscope.callbacks.lr_finder import LRFindResult, find_lr
-from hookscope.callbacks.progress import ProgressBar, stdout_is_interactive
-from hookscope.callbacks.recorder import Recorder
-from hookscope.callbacks.schedule import OneCycle
 from hookscope.hooks.summary import Summary, summary
 from hookscope.train import checkpoint
-from hookscope.train.callback import Callback, dispatch_table, sort_callbacks
+from hookscope.train.callback import Callback, dispatch_table, flatten, sort_callbacks
 from hookscope.train.data import (
     DataLoaders,
     TensorBatches,
@@ -42,6 +37,9 @@ from hookscope.train.events import (
     CancelValidException,
 )
 
+if TYPE_CHECKING:
+    from hookscope.callbacks.lr_finder import LRFindResult
+
 
 class Learner:
     """Trains ``model`` on ``dls`` with ``loss_func``; callbacks see and change the loop state via ``learn``.
@@ -51,6 +49,11 @@ class Learner:
     loss_grad, loss``, plus ``training_step`` (optimizer steps taken) and ``device``. ``xb`` and ``yb`` are
     tuples: ``pred = model(*xb)``, ``loss_grad = loss_func(pred, *yb)``. A batch is split into
     ``xb = batch[:-1]`` and ``yb = batch[-1:]`` (a lone tensor is an input with no target).
+    ``valid_record`` holds the loss and metrics of the latest validation phase as device tensors (the
+    Recorder writes it; :meth:`validate` reads it).
+
+    The default callbacks (a Recorder, and a ProgressBar when stdout is a terminal) are added unless
+    ``cbs`` holds one of the same type; ``progress=False`` leaves the bar out.
     """
 
     def __init__(
@@ -83,22 +86,22 @@ class Learner:
         self.pred: Any = None
         self.loss_grad: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
+        self.valid_record: dict[str, torch.Tensor] = {}
         self.cbs: list[Callback] = []
         self._fast_sources: dict[int, TensorBatches] = {}
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
         self._resume: checkpoint.Resume | None = None
         cbs = _as_list(cbs)
-        show_bar = stdout_is_interactive() if progress is None else progress
-        defaults = [Recorder()] + ([ProgressBar()] if show_bar else [])
+        defaults = _default_callbacks(progress)
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
-        for cb in sort_callbacks(self.cbs):
+        for cb in sort_callbacks(flatten(self.cbs)):
             if hasattr(cb, "after_create"):
                 cb.after_create()
 
     # ---- callbacks -----------------------------------------------------------------------------------
 
     def add_cb(self, cb: Callback) -> None:
-        """Attach ``cb``: it gets ``cb.learn`` and is reachable as ``learn.<cb.name>``."""
+        """Attach ``cb``: it and its parts get ``cb.learn``; it is reachable as ``learn.<cb.name>``."""
         existing = getattr(self, cb.name, None)
         if existing is not None:
             kind = "callback" if isinstance(existing, Callback) else "Learner attribute"
@@ -106,7 +109,8 @@ class Learner:
                 f"Learner.add_cb: the name {cb.name!r} of {type(cb).__name__} is taken by a {kind}; "
                 "remove that callback first, or subclass with another name"
             )
-        cb.learn = self
+        for member in flatten([cb]):
+            member.learn = self
         setattr(self, cb.name, cb)
         self.cbs.append(cb)
 
@@ -177,6 +181,8 @@ class Learner:
     ) -> None:
         """``fit`` under the 1cycle policy (``hs.callbacks.OneCycle(lr_max, **one_cycle)``, whose parameters
         and defaults are those of ``torch.optim.lr_scheduler.OneCycleLR``); ``lr_max=None`` uses ``lr``."""
+        from hookscope.callbacks.schedule import OneCycle
+
         self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *(cbs or ())], resume=resume)
 
     def lr_find(
@@ -189,6 +195,8 @@ class Learner:
     ) -> LRFindResult:
         """Sweep the lr exponentially and return the losses and a suggested lr (``.suggested_lr``,
         ``.plot()``); the weights and optimizer state are restored afterwards."""
+        from hookscope.callbacks.lr_finder import find_lr
+
         return find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
 
     def summary(self, depth: int | None = None) -> Summary:
@@ -264,10 +272,20 @@ class Learner:
     # ---- evaluation ----------------------------------------------------------------------------------
 
     def validate(self, dl: Any = None) -> dict[str, float]:
-        """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics."""
+        """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics.
+
+        The numbers are those a callback (the Recorder) put in ``valid_record``, read in one transfer.
+        """
         dl = self._eval_loader(dl, "validate")
+        self.valid_record = {}
         self._run(lambda: self._phase(dl, training=False), None, None)
-        return self.recorder.valid_results()
+        if not self.valid_record:
+            raise RuntimeError(
+                "Learner.validate: no callback recorded the validation loss; keep the Recorder in cbs"
+            )
+        names = list(self.valid_record)
+        values = torch.stack([self.valid_record[n].float() for n in names]).tolist()
+        return dict(zip(names, values, strict=True))
 
     def get_preds(self, dl: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Predictions and targets over ``dl`` (default: valid loader), in eval mode, without callbacks."""
@@ -298,11 +316,6 @@ class Learner:
     def _run(self, body: Callable[[], None], stage: str | None, cancel: type[Exception] | None) -> None:
         """Resolve the dispatch tables, run ``body`` (as a cancellable stage), and report failures."""
         self._train_events, self._valid_events = self._resolve()
-        for cost in (cb for cb in self.cbs if isinstance(cb, CallbackCost)):
-            self._train_events, self._valid_events = (
-                cost.timed(self._train_events),
-                cost.timed(self._valid_events),
-            )
         self._events = self._train_events
         try:
             if stage is None:
@@ -338,7 +351,7 @@ class Learner:
                 )
 
     def _resolve(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-        ordered = sort_callbacks(self.cbs)
+        ordered = sort_callbacks(flatten(self.cbs))
         return dispatch_table(ordered, training=True), dispatch_table(ordered, training=False)
 
     def _batches(self, dl: Any) -> Iterable[tuple]:
@@ -389,6 +402,16 @@ def split_batch(batch: tuple) -> tuple[tuple, tuple]:
 def _as_list(items: Any) -> list[Any]:
     """A single callback or metric, or an iterable of them, as a list (fastai accepts both)."""
     return [items] if isinstance(items, Callback) or callable(items) else list(items)
+
+
+def _default_callbacks(progress: bool | None) -> list[Callback]:
+    """A Recorder, and a ProgressBar when ``progress`` (default: stdout is a terminal)."""
+    # Imported here: the loop (train/) must not depend on the callback catalogue at import time.
+    from hookscope.callbacks.progress import ProgressBar, stdout_is_interactive
+    from hookscope.callbacks.recorder import Recorder
+
+    show_bar = stdout_is_interactive() if progress is None else progress
+    return [Recorder()] + ([ProgressBar()] if show_bar else [])
 
 
 def _model_device(model: nn.Module) -> torch.device:
