@@ -1,0 +1,35 @@
+"""Exporting a model's weights as safetensors: a tensors-only file to share, deploy or compare bitwise.
+
+Unlike a checkpoint it holds no optimizer, callback or RNG state, and any safetensors reader loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hookscope.atomic import atomic_write_bytes
+from hookscope.train.checkpoint.weights import unwrap
+
+
+def export_safetensors(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write the model's weights (its ``state_dict``) as a safetensors file, atomically.
+
+    safetensors holds tensors only, so the file is safe to share and loads without pickle:
+    ``model.load_state_dict(safetensors.torch.load_file(path))``. Tied weights are stored under each name.
+    """
+    from safetensors.torch import save as safetensors_bytes
+
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in unwrap(model).state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        # safetensors refuses tensors sharing memory (tied weights, views of one buffer): copy the later ones
+        tensors[name] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
+    data = safetensors_bytes(tensors, metadata={"format": "pt", "written_by": "hookscope"})
+    return atomic_write_bytes(path, data)

@@ -1,0 +1,127 @@
+"""Resuming a fit from a checkpoint, exactly, also in the middle of an epoch.
+
+Exact mid-epoch resume needs two RNG snapshots: the one taken at the start of the epoch's training phase
+(replaying it reproduces the sampler's shuffle, so the same remaining batches come in the same order) and
+the one at the moment of the save (so dropout and augmentations continue the same stream).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
+from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
+from hookscope.train.checkpoint.rng import capture_rng, restore_rng, rng_generators
+
+if TYPE_CHECKING:
+    from hookscope.train.learner import Learner
+
+
+class Resume:
+    """One resumed ``fit``: applies a checkpoint at the right moments of the loop.
+
+    - :meth:`start` (before ``before_fit``): model weights, callback states (callbacks that build things
+      in ``before_fit`` keep the state pending until then), loop counters.
+    - :meth:`after_before_fit`: the optimizer (after schedulers were built, so the saved learning rates
+      win) and, for a checkpoint taken between epochs, the RNGs. Returns the epoch to start at.
+    - :func:`train_batches`: for a mid-epoch checkpoint, the saved epoch's shuffle with the batches
+      already done skipped, then the RNGs as they were at the save.
+    """
+
+    def __init__(self, state: Mapping[str, Any], source: str) -> None:
+        self.state = state
+        self.source = source
+        pos = state["position"]
+        self.position = Position(pos["epoch"], pos["iter"], pos["train_iter"], pos["training_step"])
+        self.mid_epoch_pending = self.position.iter > 0
+
+    @classmethod
+    def start(cls, learn: Learner, resume: str | os.PathLike[str]) -> Resume:
+        """Read the checkpoint (``"last"``: ``last.pt`` of ``learn.checkpoint``'s folder; a file; or a
+        folder holding ``last.pt``) and apply what must precede ``before_fit``."""
+        file = find_latest(_resume_path(learn, resume))
+        self = cls(load_checkpoint(file), str(file))
+        saved_n_epoch = self.state["position"]["n_epoch"]
+        if saved_n_epoch != learn.n_epoch:
+            warnings.warn(
+                f"{file} was saved during fit({saved_n_epoch}) and is resumed with fit({learn.n_epoch}); "
+                "schedules that span the fit (one-cycle, cosine) change, so the run will differ",
+                stacklevel=3,
+            )
+        if self.position.epoch > 0 and getattr(learn.dls.train, "persistent_workers", False):
+            warnings.warn(
+                f"resuming {file} at epoch {self.position.epoch} with persistent_workers=True: the new "
+                "worker processes start fresh random streams, so random transforms inside workers differ "
+                "from the original run; use persistent_workers=False for an exact resume",
+                stacklevel=3,
+            )
+        load_model_and_callbacks(learn, self.state, self.source)
+        learn.train_iter = self.position.train_iter
+        learn.training_step = self.position.training_step
+        return self
+
+    def after_before_fit(self, learn: Learner) -> int:
+        """Load the optimizer (and, between epochs, the RNGs); return the epoch to start at."""
+        load_optimizer(learn, self.state)
+        if not self.mid_epoch_pending:
+            restore_rng(self.state["rng"], rng_generators(learn))
+        return self.position.epoch
+
+
+def train_batches(
+    learn: Learner, resume: Resume | None, batches_of: Callable[[Any], Iterable[Any]]
+) -> tuple[int, Iterator[Any]]:
+    """``(index of the first batch, iterator)`` for this epoch's training phase over ``learn.dl``.
+
+    Records the RNGs at the epoch's start (``learn.epoch_rng``) before ``iter(batches_of(learn.dl))``
+    draws the shuffle, so a mid-epoch checkpoint can replay it. On a mid-epoch resume: restore that
+    epoch-start state, make the iterator, skip the batches already done (fetched, not computed — so
+    workers and random transforms advance exactly as in the original run), then restore the RNGs of the
+    moment of the save.
+    """
+    generators = rng_generators(learn)
+    if resume is None or not resume.mid_epoch_pending:
+        learn.epoch_rng = capture_rng(generators)
+        return 0, iter(batches_of(learn.dl))
+    resume.mid_epoch_pending = False
+    learn.epoch_rng = resume.state["epoch_rng"]
+    restore_rng(learn.epoch_rng, generators)
+    iterator = iter(batches_of(learn.dl))
+    done = resume.position.iter
+    for fetched in range(done):
+        if next(iterator, None) is None:
+            raise CheckpointError(
+                f"{resume.source} was saved after batch {done} of epoch {resume.position.epoch}, but the "
+                f"epoch now has {fetched} batches; resume with the same training data"
+            )
+    restore_rng(resume.state["rng"], generators)
+    return done, iterator
+
+
+def find_latest(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint file: ``path`` itself, or ``last.pt`` in the folder ``path`` or its ``checkpoints/``."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for candidate in (path / "last.pt", path / "checkpoints" / "last.pt"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no last.pt in {path} or {path / 'checkpoints'}; pass the checkpoint file itself"
+    )
+
+
+def _resume_path(learn: Learner, resume: str | os.PathLike[str]) -> Path:
+    if resume != "last":
+        return Path(resume)
+    folder = getattr(getattr(learn, "checkpoint", None), "dir", None)
+    if folder is None:
+        raise ValueError(
+            "fit(resume='last') reads last.pt from the Checkpoint callback's folder, but this Learner has "
+            "no Checkpoint callback; add cbs=[hs.callbacks.Checkpoint(dir)] or pass resume=PATH"
+        )
+    return Path(folder) / "last.pt"
