@@ -214,6 +214,30 @@ def test_nested_outputs_keep_their_structure():
     assert seq.shape == (2, 4, 5) and h.shape == (1, 2, 5) and c.shape == (1, 2, 5)
 
 
+def test_dataclass_and_ordered_dict_outputs_are_copied_and_keep_their_types():
+    from collections import OrderedDict
+    from dataclasses import dataclass
+
+    @dataclass
+    class Out:  # the shape of a Hugging Face ModelOutput without the dependency
+        logits: torch.Tensor
+        note: str = "kept"
+
+    class Heads(nn.Module):
+        def forward(self, x):
+            return Out(x * 2), OrderedDict(h=x * 3)
+
+    model = nn.Sequential(Heads())
+    with hs.capture(model, "0") as cap:
+        out, hidden = model(torch.ones(1, 2))
+        out.logits.zero_()  # an in-place change after the hook must not reach the record
+        hidden["h"].zero_()
+    kept_out, kept_hidden = cap["0"]
+    assert type(kept_out) is Out and kept_out.note == "kept" and kept_out.logits.tolist() == [[2.0, 2.0]]
+    assert type(kept_hidden) is OrderedDict and kept_hidden["h"].tolist() == [[3.0, 3.0]]
+    assert cap.nbytes == 2 * 2 * 4
+
+
 def test_grads_of_a_module_with_several_outputs():
     class Split(nn.Module):
         def forward(self, x):

@@ -14,7 +14,6 @@ Three rules make the recorded data trustworthy (each one is a known bug of hand-
 from __future__ import annotations
 
 import difflib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -23,8 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import compat
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import Spec, select
+from hookscope.hooks.tensors import map_tensors, tensors_in
 
 KINDS = ("output", "input", "grad_output", "grad_input")
 
@@ -37,9 +38,10 @@ class CaptureLimitError(RuntimeError):
 class Record:
     """One captured value: module ``name``, its ``call`` number (0 = first call), ``kind`` and ``value``.
 
-    ``value`` is a tensor, or the module's own structure (tuple, list, dict) of copied tensors when it
-    returned several; for ``grad_*`` kinds with several tensors it is a list, one entry per tensor that
-    requires grad in flattened order, ``None`` where no gradient flowed.
+    ``value`` is a tensor, or the module's own structure (tuple, list, dict, named tuple, dataclass: the
+    same types, see :func:`~hookscope.hooks.tensors.map_tensors`) of copied tensors when it returned
+    several; for ``grad_*`` kinds with several tensors it is a list, one entry per tensor that requires
+    grad in flattened order, ``None`` where no gradient flowed.
     """
 
     name: str
@@ -188,7 +190,7 @@ class Capture:
             self._watch_grads(name, call, "grad_output", output)
 
     def _watch_grads(self, name: str, call: int, kind: str, value: Any) -> None:
-        tensors = [t for t in _flatten_tensors(value) if t.requires_grad]
+        tensors = [t for t in tensors_in(value) if t.requires_grad]
         if len(tensors) == 1:
             self._hooks.tensor(tensors[0], self._guarded(lambda g: self._store(name, call, kind, g)))
             return
@@ -214,7 +216,7 @@ class Capture:
         if self.reduce is None:
             # a copy is as large as its source: refuse before allocating it, not after
             self._check_bound(_nbytes(value), name, kind)
-        kept = _map_tensors(self._keep, value)
+        kept = map_tensors(self._keep, value)
         size = _nbytes(kept)
         self._check_bound(size, name, kind)
         self.nbytes += size
@@ -311,19 +313,17 @@ def _refuse_compiled(model: nn.Module, selected: list[tuple[str, nn.Module]]) ->
     Compiled graphs do not guard on module hooks: a hook added after the first compiled call never fires
     (torch 2.14, CPU), so a capture would silently record nothing. Refusing is the honest answer.
     """
-    # torch.compile imports torch._dynamo; when it is not loaded nothing can be compiled, and importing it
-    # here would cost a second per capture.
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:
+    if not compat.compile_in_use():  # nothing can be compiled; skip walking the parents
         return
     parents = {prefix for selected_name, _ in selected for prefix in _self_and_parents(selected_name)}
     for name in sorted(parents):
         module = model.get_submodule(name)
-        wrapped = isinstance(module, eval_frame.OptimizedModule)
-        if not wrapped and getattr(module, "_compiled_call_impl", None) is None:
+        wrapped = compat.is_compile_wrapper(module)
+        if not wrapped and not compat.is_compiled_in_place(module):
             continue
         where = f"module {name!r}" if name else "the model"
-        fix = "pass model._orig_mod and call that" if wrapped and not name else "use an uncompiled model"
+        original = f"model.{compat.ORIGINAL_MODULE_ATTR}"
+        fix = f"pass {original} and call that" if wrapped and not name else "use an uncompiled model"
         raise TypeError(
             f"capture: {where} is compiled with torch.compile, whose graph silently skips module hooks; "
             f"{fix} inside the with-block"
@@ -335,27 +335,8 @@ def _self_and_parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts) + 1)]
 
 
-def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
-    """Apply ``fn`` to every tensor inside tuples, lists, dicts and named tuples; keep the rest."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_map_tensors(fn, v) for v in value))
-    if isinstance(value, list | tuple):
-        return type(value)(_map_tensors(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(fn, v) for k, v in value.items()}
-    return value
-
-
-def _flatten_tensors(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    _map_tensors(found.append, value)
-    return found
-
-
 def _nbytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _flatten_tensors(value))
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
 def _may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

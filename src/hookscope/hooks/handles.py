@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookscope import compat
+
 
 class HookSet:
     """Registers module, tensor and parameter hooks and removes all of them at once.
@@ -90,5 +92,6 @@ class HookSet:
 
 
 def _is_live(handle: RemovableHandle) -> bool:
-    hooks = handle.hooks_dict_ref()
+    """The hook is still registered: its owner exists and still holds it (not removed)."""
+    hooks = compat.hook_dict_of(handle)
     return hooks is not None and handle.id in hooks

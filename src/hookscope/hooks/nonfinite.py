@@ -19,15 +19,16 @@ The model is left as found: buffers (BatchNorm running statistics) are restored,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from hookscope import compat
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.tensors import tensors_in
 
 LOSS_NAME = "loss_fn"
 
@@ -125,7 +126,7 @@ def find_nonfinite(
     """
     # A torch.compile'd model runs its original module eagerly here: hooks and the op trace need eager
     # execution, and the names then read as in the user's code (no "_orig_mod." prefix).
-    model = getattr(model, "_orig_mod", model)
+    model = compat.uncompiled(model)
     args, kwargs = _split_inputs(inputs)
     targets = target if isinstance(target, tuple | list) else () if target is None else (target,)
     bad_input = _first_bad_input(args, kwargs, targets) or _first_bad_parameter(model)
@@ -173,7 +174,7 @@ def _check(
         call = counts.get(name, 0)
         counts[name] = call + 1
         finite = _all_finite(tensors) if not _same_as_last(tensors, last) else last[2]
-        last[:] = [tensors[0], tensors[0]._version, finite]
+        last[:] = [tensors[0], compat.tensor_version(tensors[0]), finite]
         in_shapes = [tuple(t.shape) for t in _float_tensors(inputs)]
         out_shapes = [tuple(t.shape) for t in tensors]
         calls.append(_Call(name, module_type, call, in_shapes, out_shapes, finite))
@@ -204,7 +205,7 @@ def _check(
 
 def _same_as_last(tensors: list[torch.Tensor], last: list[Any]) -> bool:
     """The one output tensor is the one checked just before, unchanged since (no in-place op)."""
-    return len(tensors) == 1 and tensors[0] is last[0] and tensors[0]._version == last[1]
+    return len(tensors) == 1 and tensors[0] is last[0] and compat.tensor_version(tensors[0]) == last[1]
 
 
 def _recorder(record: Callable, name: str, module_type: str) -> Callable:
@@ -229,7 +230,7 @@ def _backward_finite(model: nn.Module, args: tuple, kwargs: dict, loss: torch.Te
 # ----------------------------------------------------------------------------------------- pass 2: blame
 
 
-class _OpTrace(TorchDispatchMode):
+class _OpTrace(compat.TorchDispatchMode):
     """Names the first aten op whose inputs are finite and whose output is not."""
 
     def __init__(self, stack: list[str]) -> None:
@@ -428,19 +429,8 @@ def _leaves(model: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 def _float_tensors(obj: Any) -> list[torch.Tensor]:
-    """Floating/complex tensors inside nested tuples, lists and dicts (integers are always finite)."""
-    return [t for t in _walk(obj) if t.is_floating_point() or t.is_complex()]
-
-
-def _walk(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from _walk(value)
-    elif isinstance(obj, tuple | list):
-        for value in obj:
-            yield from _walk(value)
+    """Floating/complex tensors inside a nested value (:func:`tensors_in`); integers are always finite."""
+    return [t for t in tensors_in(obj) if t.is_floating_point() or t.is_complex()]
 
 
 def _all_finite(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -39,6 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookscope import compat
+from hookscope.hooks.tensors import grad_norms as norms_of_tensors
+
 _NUMPY_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
 # Sample runs: consecutive values per run (256 bytes of float32), and updates kept raw per window.
 _RUN = 64
@@ -495,7 +498,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
 
 
 def grad_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of each parameter's ``.grad`` as one device vector (one fused op, no host sync).
+    """L2 norm of each parameter's ``.grad`` as one float32 device vector (one fused op, no host sync).
 
     Every parameter must have a gradient; filter with ``p.grad is not None`` first (a host-side check).
     """
@@ -505,10 +508,7 @@ def grad_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
             f"grad_norms: parameters at positions {missing[:5]} have no .grad; pass only parameters "
             "with p.grad is not None"
         )
-    if not params:
-        return torch.zeros(0)
-    grads = [p.grad for p in params if p.grad is not None]
-    return torch.stack(torch._foreach_norm(grads)).to(torch.float32)
+    return norms_of_tensors([p.grad for p in params if p.grad is not None])
 
 
 class UpdateRatio:
@@ -529,7 +529,7 @@ class UpdateRatio:
             return
         if len(self._before) != len(self.params):
             self._before = [torch.empty_like(p) for p in self.params]
-        torch._foreach_copy_(self._before, self.params)
+        compat.foreach_copy_(self._before, self.params)
         self._armed = True
 
     def after(self) -> torch.Tensor:
@@ -541,8 +541,8 @@ class UpdateRatio:
                 "UpdateRatio.after() called without before(); call before() ahead of opt.step()"
             )
         self._armed = False
-        torch._foreach_sub_(self._before, self.params)
+        compat.foreach_sub_(self._before, self.params)
         # one fused call for both lists: each op call costs more than these small norms
-        norms = torch.stack(torch._foreach_norm(self._before + self.params))
+        norms = torch.stack(compat.foreach_norm(self._before + self.params))
         deltas, weights = norms[: len(self.params)], norms[len(self.params) :]
         return (deltas / weights.clamp_min(torch.finfo(weights.dtype).tiny)).to(torch.float32)
