@@ -4,7 +4,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from hookscope.hooks.flops import FlopCounter
+from hookscope.hooks.summary.flops import FlopCounter
 
 
 def _both(fn) -> tuple[int, int]:

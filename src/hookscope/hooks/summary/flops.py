@@ -3,7 +3,7 @@
 ``torch.utils.flop_counter`` holds a FLOP formula per aten op: convolutions, ``mm``/``bmm``/``addmm`` (so a
 Linear applied to any number of leading dimensions is counted in full) and the CUDA attention kernels.
 :class:`FlopCounter` applies those formulas in a lean dispatch mode that keeps one running total; the module
-bookkeeping ``FlopCounterMode`` also does is done per call by ``hs.summary`` itself, and its attempt to run a
+bookkeeping ``FlopCounterMode`` also does is done per call by the summary's tracer, and its attempt to run a
 Python decomposition of every op without a formula (batch norm: more time than the whole ResNet forward,
 for zero FLOPs) is skipped. Two paths a CPU forward takes count zero in ``FlopCounterMode``: the
 flash-attention kernel ``scaled_dot_product_attention`` picks on CPU, and the fused fast path of
@@ -20,8 +20,9 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+from hookscope.compat import TorchDispatchMode
 
 aten = torch.ops.aten
 
