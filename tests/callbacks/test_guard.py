@@ -168,3 +168,33 @@ def test_a_float16_overflow_is_blamed_by_replaying_under_the_same_autocast():
     r = guard.report
     assert r.found and (r.phase, r.module, r.module_type) == ("forward", "0", "Linear")
     assert model(x[9:10]).isfinite().all()  # the same batch in float32 is fine: only autocast overflows
+
+
+def test_an_activation_inside_a_dataclass_output_is_watched():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Out:  # the shape of a Hugging Face ModelOutput
+        logits: torch.Tensor
+
+    class LogOut(nn.Module):
+        def forward(self, h):
+            return Out(torch.log(h))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            nn.init.constant_(self.lin.weight, 0.1)
+            nn.init.zeros_(self.lin.bias)
+            self.out = LogOut()
+
+        def forward(self, x):
+            return self.out(self.lin(x))
+
+    x, y = _positive_data(bad_batch=2)
+    _, guard, snaps = _fit(Model(), x, y, loss=lambda out, y: nn.functional.cross_entropy(out.logits, y))
+    # the last module's output is the dataclass: only walking into it flags the activation before the loss
+    assert (guard.stopped_at, guard.reason) == (2, "activation")
+    assert len(snaps.weights) == 2
+    assert (guard.report.module, guard.report.op) == ("out", "aten.log")

@@ -259,6 +259,30 @@ def test_a_module_called_twice_per_step_and_a_tuple_output_are_both_recorded():
     assert acts.history["rnn"][0].stats.count == 8 * 1 * 3
 
 
+def test_a_dict_output_is_recorded_through_its_first_tensor():
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(36, 3)
+
+        def forward(self, x: torch.Tensor) -> dict:
+            logits = self.lin(x.flatten(1))
+            return {"logits": logits, "aux": (logits.detach() * 0, "note")}
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = Heads()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.heads(x)["logits"]
+
+    acts = ActivationStats(select=["heads"])
+    learner(Model(), acts).fit(1)
+    stats = acts.history["heads"][0].stats
+    assert stats.count == 8 * 3 and stats.zero_fraction < 1  # the logits, not the zeroed aux tensor
+
+
 def test_a_second_fit_continues_the_history_and_an_interrupt_removes_the_hooks():
     class Interrupt(hs.Callback):
         def after_pred(self) -> None:

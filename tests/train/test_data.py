@@ -3,7 +3,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import hookscope as hs
-from hookscope.train.data import TensorBatches, as_dataloaders, can_batch_in_memory, to_device
+from hookscope.train.data import (
+    TensorBatches,
+    as_dataloaders,
+    batch_to_device,
+    can_batch_in_memory,
+    to_device,
+)
 
 
 def _dataset(n=37):
@@ -117,6 +123,18 @@ def test_to_device_moves_nested_batches_and_returns_tuples():
     assert isinstance(moved, tuple)
     assert torch.equal(moved[0], torch.zeros(2)) and torch.equal(moved[1]["a"], torch.ones(1))
     assert moved[2] == "label"
+
+
+def test_to_device_keeps_the_types_of_nested_values():
+    from collections import namedtuple
+
+    Inputs = namedtuple("Inputs", ["ids", "mask"])
+    batch = (Inputs(torch.zeros(2), torch.ones(2)), [torch.ones(1), "meta"], torch.zeros(1))
+    moved = to_device(batch, torch.device("cpu"))
+    assert type(moved) is tuple and type(moved[0]) is Inputs and moved[0].mask is batch[0].mask
+    assert type(moved[1]) is list and moved[1][1] == "meta"
+    assert batch_to_device(list(batch), torch.device("cpu"))[0].ids is batch[0].ids
+    assert batch_to_device(torch.ones(1), torch.device("cpu"))[0].shape == (1,)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

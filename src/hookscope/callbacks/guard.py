@@ -23,9 +23,11 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from hookscope import compat
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import Spec, select
+from hookscope.hooks.tensors import grad_norms, model_device, tensors_in
 from hookscope.train.callback import Callback
 from hookscope.train.events import CancelFitException
 
@@ -74,9 +76,9 @@ class NonFiniteGuard(Callback):
         # Flags pile up until a step checks them: with gradient accumulation, batches that end before
         # opt.step() are checked with the step of their group, and the buffers roll back to its start.
         if self._checked and self._buffers:
-            torch._foreach_copy_(self._saved, self._buffers)
+            compat.foreach_copy_(self._saved, self._buffers)
         self._checked = False
-        device = _device(self.learn.model)
+        device = model_device(self.learn.model)
         cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         # MixedPrecision (which runs first) has entered autocast for this batch when it is on
         amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
@@ -86,7 +88,7 @@ class NonFiniteGuard(Callback):
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.learn.training:
             return
-        tensors = [t for t in _tensors(output) if t.is_floating_point() and t.numel()]
+        tensors = [t for t in tensors_in(output) if t.is_floating_point() and t.numel()]
         self._flags.extend(torch.stack(torch.aminmax(t.detach())).isfinite().all() for t in tensors)
         if len(self._flags) > 4096:  # batches that never reach a step (no target): keep memory bounded
             self._flags = [torch.stack(self._flags).all()]
@@ -99,7 +101,7 @@ class NonFiniteGuard(Callback):
         device = self.learn.loss.device
         true = torch.ones((), dtype=torch.bool, device=device)
         activation_ok = torch.stack(self._flags).all() if self._flags else true
-        grad_ok = torch.stack(torch._foreach_norm(grads)).isfinite().all() if grads else true
+        grad_ok = grad_norms(grads).isfinite().all() if grads else true
         loss_ok = torch.stack(self._loss_flags).all() if self._loss_flags else true
         ok = torch.stack([activation_ok.to(device), loss_ok, grad_ok.to(device)]).cpu()  # the one host read
         if bool(ok.all()):
@@ -117,7 +119,7 @@ class NonFiniteGuard(Callback):
         learn = self.learn
         learn.opt.zero_grad(set_to_none=True)
         if self._buffers:
-            torch._foreach_copy_(self._buffers, self._saved)
+            compat.foreach_copy_(self._buffers, self._saved)
         self._hooks.remove()
         self.report = self._blame(learn)
         self.stopped_at, self.reason = learn.training_step, reason
@@ -129,7 +131,7 @@ class NonFiniteGuard(Callback):
         """find_nonfinite on each batch since the last good step (several with gradient accumulation),
         each from its own RNG state so the replay draws the same dropout masks; the first one found."""
         report = NonFiniteReport(found=False)
-        device = _device(learn.model)
+        device = model_device(learn.model)
         for xb, yb, (cpu, cuda), amp in self._batches:
             torch.set_rng_state(cpu)
             if cuda is not None:
@@ -159,18 +161,3 @@ class NonFiniteGuard(Callback):
             f"{learn.iter}): the first non-finite value was in the {self.reason}. The update of that step "
             f"was not applied, so the model keeps the weights of step {self.stopped_at}. {blame}"
         )
-
-
-def _device(model: nn.Module) -> torch.device:
-    first = next(model.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, tuple | list):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    return []

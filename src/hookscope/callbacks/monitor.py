@@ -21,6 +21,7 @@ from torch import nn
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import Spec, select
 from hookscope.hooks.stats import DeviceStats, RunningStats, TensorStats, UpdateRatio, read_all
+from hookscope.hooks.tensors import first_tensor, grad_norms
 from hookscope.train.callback import Callback
 
 
@@ -93,15 +94,6 @@ def _thin_if_full(history: dict[str, list[Any]], max_len: int) -> bool:
     for records in history.values():
         del records[1::2]
     return True
-
-
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    """The tensor a module produced: the output itself, or the first tensor of a tuple/list output."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple | list):
-        return next((o for o in output if isinstance(o, torch.Tensor)), None)
-    return None
 
 
 def _check_settings(owner: str, every: int, history: int, read_every: int) -> None:
@@ -232,7 +224,7 @@ class ActivationStats(Callback):
         def record(module: nn.Module, args: Any, output: Any) -> None:
             if not self._recording:
                 return
-            tensor = _first_tensor(output)
+            tensor = first_tensor(output)
             if tensor is not None and self._train is not None and self._valid is not None:
                 recorder = self._train if self.learn.training else self._valid
                 recorder.stats[name].update(tensor)
@@ -359,7 +351,7 @@ class GradientStats(Callback):
             return
         has_grad = [p.grad is not None for p in self._params]
         grads = [p.grad for p in self._params if p.grad is not None]
-        norms = torch.stack(torch._foreach_norm(grads)).to(torch.float32) if grads else None
+        norms = grad_norms(grads) if grads else None
         self._step_norms = (has_grad, norms)
         if self._ratio is not None:
             self._ratio.before()
@@ -407,7 +399,7 @@ class GradientStats(Callback):
         def watch_grad(module: nn.Module, args: Any, output: Any) -> None:
             if not (self._recording and self.learn.training):
                 return
-            tensor = _first_tensor(output)
+            tensor = first_tensor(output)
             if tensor is None or not tensor.requires_grad or self._layers is None:
                 return
             stats = self._layers.stats[name]

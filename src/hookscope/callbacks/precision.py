@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hookscope.hooks.tensors import model_device
 from hookscope.train.callback import Callback
 from hookscope.train.events import CancelStepException
 
@@ -47,7 +48,7 @@ class MixedPrecision(Callback):
         self._pending_state: dict[str, Any] | None = None
 
     def before_fit(self) -> None:
-        self.device_type = _device_type(self.learn.model)
+        self.device_type = model_device(self.learn.model).type
         default = torch.float16 if self.device_type == "cuda" else torch.bfloat16
         self.dtype = self.requested_dtype or default
         if not torch.amp.is_autocast_available(self.device_type):
@@ -131,9 +132,3 @@ class MixedPrecision(Callback):
             return
         self._autocast.__exit__(None, None, None)
         self._autocast = None
-
-
-def _device_type(model: torch.nn.Module) -> str:
-    """Where the model computes: the device type of its first parameter (cpu for a parameter-free model)."""
-    param = next(model.parameters(), None)
-    return "cpu" if param is None else param.device.type

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+    default_collate,
+)
+
+from hookscope.hooks.tensors import map_tensors
 
 
 @dataclass
@@ -104,7 +112,7 @@ def batch_to_device(batch: Any, device: torch.device) -> tuple:
     if isinstance(batch, torch.Tensor):
         return (to_device(batch, device),)
     if isinstance(batch, tuple | list):
-        return tuple([to_device(b, device) for b in batch])
+        return to_device(batch, device)
     raise TypeError(
         f"Learner: a batch must be a tensor or a tuple/list (inputs..., target), not {type(batch).__name__}; "
         "make the Dataset or collate_fn return tuples"
@@ -112,11 +120,13 @@ def batch_to_device(batch: Any, device: torch.device) -> tuple:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of a batch to ``device`` asynchronously; tuples and lists come back as tuples."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    """Move the tensors of a batch to ``device`` asynchronously; a top-level tuple or list comes back as a
+    tuple (the loop's ``(inputs..., target)``), nested values keep their own types (named tuples, dicts,
+    dataclasses: :func:`~hookscope.hooks.tensors.map_tensors`)."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
     if isinstance(batch, tuple | list):
-        return tuple([to_device(b, device) for b in batch])
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
+        return tuple([map_tensors(move, b) for b in batch])
+    return map_tensors(move, batch)
