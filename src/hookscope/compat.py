@@ -26,6 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 __all__ = [
     "ORIGINAL_MODULE_ATTR",
+    "SDPA_FLASH_CPU",
     "TorchDispatchMode",
     "compile_in_use",
     "foreach_copy_",
@@ -42,6 +43,10 @@ __all__ = [
 # Checked on 2.14.1. The attribute of torch.compile's wrapper (``OptimizedModule``) that holds the user's
 # module, since torch 2.0. Named here so that error messages can tell users about it.
 ORIGINAL_MODULE_ATTR = "_orig_mod"
+
+# Checked on 2.14.1. The flash-attention kernel that ``scaled_dot_product_attention`` picks on CPU (since
+# torch 2.2); an internal aten op that torch's own FLOP formulas do not cover, so the summary counts it.
+SDPA_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 # ------------------------------------------------------------------------------------------ foreach kernels

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from hookscope.compat import TorchDispatchMode
+from hookscope.compat import SDPA_FLASH_CPU, TorchDispatchMode
+from hookscope.hooks.tensors import map_tensors
 
 aten = torch.ops.aten
 
@@ -51,7 +52,7 @@ def lstm_layer_flops(
 
 
 EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flops,
+    SDPA_FLASH_CPU: sdpa_flops,
     aten.mkldnn_rnn_layer: lstm_layer_flops,
 }
 
@@ -78,7 +79,7 @@ class FlopCounter(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
+        packet = func.overloadpacket
         if packet in EXTRA_FORMULAS:
             self._flops += EXTRA_FORMULAS[packet](*args, **kwargs)
         elif packet in flop_registry:
@@ -120,8 +121,5 @@ def _apply(formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _shape_of(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.shape
-    if isinstance(value, (list, tuple)):
-        return type(value)(_shape_of(v) for v in value)
-    return value
+    """``value`` with every tensor replaced by its shape (what torch's shape-based formulas take)."""
+    return map_tensors(lambda t: t.shape, value)
