@@ -247,6 +247,7 @@ class GradientStats(Callback):
     """
 
     order = 15
+    run_before = ("GradientClip", "GradientClipValue")  # the norms before clipping changes them
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hookscope.hooks.summary import Summary, summary
+from hookscope.hooks.tensors import model_device
 from hookscope.train import checkpoint
 from hookscope.train.callback import Callback, dispatch_table, flatten, sort_callbacks
 from hookscope.train.data import (
@@ -72,7 +73,7 @@ class Learner:
             raise TypeError(f"Learner: model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_func):
             raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
-        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.device = torch.device(device) if device is not None else model_device(model)
         self.model = model.to(self.device)
         self.dls = as_dataloaders(dls)
         self.loss_func, self.opt_func, self.lr = loss_func, opt_func, lr
@@ -87,6 +88,7 @@ class Learner:
         self.loss_grad: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
         self.valid_record: dict[str, torch.Tensor] = {}
+        self.resumed_from: Path | None = None  # the checkpoint the current fit continues, if any
         self.cbs: list[Callback] = []
         self._fast_sources: dict[int, TensorBatches] = {}
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
@@ -136,7 +138,7 @@ class Learner:
 
     def save(self, path: str | Path) -> Path:
         """Write the full state (model, optimizer, callbacks, RNGs, loop position) to ``path`` atomically;
-        the file loads with ``torch.load(weights_only=True)`` (see ``train/checkpoint.py``)."""
+        the file loads with ``torch.load(weights_only=True)`` (see ``train/checkpoint/``)."""
         return checkpoint.save_learner(self, path)
 
     def load(self, path: str | Path) -> None:
@@ -165,6 +167,7 @@ class Learner:
                 self.create_opt()
             self.n_epoch, self.train_iter, self.pct_train = n_epoch, 0, 0.0
             self._resume = checkpoint.Resume.start(self, resume) if resume is not None else None
+            self.resumed_from = Path(self._resume.source) if self._resume else None
             self._run(self._do_fit, "fit", CancelFitException)
         finally:
             self._resume = None
@@ -199,18 +202,24 @@ class Learner:
 
         return find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
 
-    def summary(self, depth: int | None = None) -> Summary:
-        """``hs.summary`` of the model on the inputs of one training batch. No callback runs, and the RNG
-        state (global and the loader's generator) is left as it was, so a later ``fit`` is unchanged."""
-        generator = getattr(self.dls.train, "generator", None)
+    def one_batch(self, dl: Any = None) -> tuple:
+        """The first batch of ``dl`` (default: the training loader) on the device, as a tuple. No callback
+        runs, and every RNG (global and the loader's generator) is left as it was, so a later ``fit`` is
+        unchanged (fastai's ``dls.one_batch``)."""
+        dl = self.dls.train if dl is None else dl
+        generator = getattr(dl, "generator", None)
         loader_rng = generator.get_state() if generator is not None else None
         with torch.random.fork_rng(devices=[]):
-            batch = next(iter(self._batches(self.dls.train)), None)
+            batch = next(iter(self._batches(dl)), None)
         if loader_rng is not None:
             generator.set_state(loader_rng)
         if batch is None:
-            raise ValueError("Learner.summary: the training loader yielded no batch; give it some data")
-        return summary(self.model, split_batch(batch)[0], depth=depth)
+            raise ValueError("Learner.one_batch: the loader yielded no batch; give it some data")
+        return batch
+
+    def summary(self, depth: int | None = None) -> Summary:
+        """``hs.summary`` of the model on the inputs of one training batch (see :meth:`one_batch`)."""
+        return summary(self.model, split_batch(self.one_batch())[0], depth=depth)
 
     def _do_fit(self) -> None:
         start = self._resume.after_before_fit(self) if self._resume else 0
@@ -412,11 +421,6 @@ def _default_callbacks(progress: bool | None) -> list[Callback]:
 
     show_bar = stdout_is_interactive() if progress is None else progress
     return [Recorder()] + ([ProgressBar()] if show_bar else [])
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    first = next(model.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")
 
 
 _LAYOUT = (

@@ -49,8 +49,7 @@ class MetricsLogger(Callback):
 
     def after_step(self) -> None:
         step = self.learn.training_step
-        # an lr_find sweep trains a throw-away copy of the run: its steps are not the run's metrics
-        if self.every == 0 or step % self.every != 0 or hasattr(self.learn, "lr_finder"):
+        if self.every == 0 or step % self.every != 0 or self._sweeping():
             return
         lr = self.learn.opt.param_groups[0]["lr"]
         self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
@@ -59,7 +58,7 @@ class MetricsLogger(Callback):
             self.write()
 
     def after_epoch(self) -> None:
-        if hasattr(self.learn, "lr_finder"):
+        if self._sweeping():
             return
         self._take_pending()
         row = dict(self.learn.recorder.history[-1])
@@ -69,6 +68,8 @@ class MetricsLogger(Callback):
         self.write()
 
     def after_fit(self) -> None:
+        if self._sweeping():
+            return
         self._take_pending()
         self.write()
 
@@ -90,6 +91,10 @@ class MetricsLogger(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = [dict(r) for r in state["rows"]]
+
+    def _sweeping(self) -> bool:
+        # an lr_find sweep trains a throw-away copy of the run: its steps are not the run's metrics
+        return hasattr(self.learn, "lr_finder")
 
     def _take_pending(self) -> None:
         if not self._pending:
