@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.schedule import OneCycle
+from hookscope.cli.options import DEFAULTS, OPTION_NAMES, TrainOptions  # noqa: F401 (also demo.DEFAULTS)
 from hookscope.hooks.capture import capture
 from hookscope.hooks.summary import Summary
 from hookscope.metrics import accuracy
@@ -38,31 +39,9 @@ from hookscope.viz.feature_maps import feature_maps, save_figure
 from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
 from hookscope.viz.report import REPORT, write_report
 
-
-@dataclass
-class TrainOptions:
-    """Every option of ``hookscope train``; written to ``config.json`` and read back by ``--resume``."""
-
-    model: str = "hookscope.models:digits_cnn"
-    data: str = "digits"
-    epochs: int = 5
-    lr: float = 3e-3
-    batch_size: int = 64
-    precision: str = "32"
-    clip: float | None = None
-    seed: int = 0
-    doctor: bool = True
-    weights: str | None = None
-    image_size: int = 64
-    device: str | None = None
-    out: str | None = None
-
-
-DEFAULTS = TrainOptions()
 SEVERITY_RANK = {"error": 2, "warning": 1, "info": 0}
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ELU, nn.Tanh, nn.Sigmoid, nn.ReLU6, nn.Hardswish)
 MAX_COLORFUL = 4  # colorful-dimension images in the report: one per layer, the first few watched layers
-OPTION_NAMES = tuple(f.name for f in fields(TrainOptions))
 
 
 @dataclass

@@ -1,29 +1,34 @@
-"""Built-in callbacks, one file per family."""
+"""Built-in callbacks, one file per family (re-exported lazily: each imports its module when first used)."""
 
-from hookscope.callbacks.accumulate import GradientAccumulation
-from hookscope.callbacks.checkpoint import Checkpoint
-from hookscope.callbacks.clip import GradientClip, GradientClipValue
-from hookscope.callbacks.cost import CallbackCost
-from hookscope.callbacks.doctor import Doctor
-from hookscope.callbacks.early_stopping import EarlyStopping
-from hookscope.callbacks.guard import NonFiniteGuard
-from hookscope.callbacks.loggers import MetricsLogger
-from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
-from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
-from hookscope.callbacks.precision import MixedPrecision
-from hookscope.callbacks.progress import ProgressBar
-from hookscope.callbacks.recorder import Recorder
-from hookscope.callbacks.schedule import (
-    CosineAnnealing,
-    LRScheduler,
-    OneCycle,
-    ParamScheduler,
-    combine_scheds,
-    sched_const,
-    sched_cos,
-    sched_exp,
-    sched_lin,
-)
+from typing import TYPE_CHECKING
+
+from hookscope._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hookscope.callbacks.accumulate import GradientAccumulation
+    from hookscope.callbacks.checkpoint import Checkpoint
+    from hookscope.callbacks.clip import GradientClip, GradientClipValue
+    from hookscope.callbacks.cost import CallbackCost
+    from hookscope.callbacks.doctor import Doctor
+    from hookscope.callbacks.early_stopping import EarlyStopping
+    from hookscope.callbacks.guard import NonFiniteGuard
+    from hookscope.callbacks.loggers import MetricsLogger
+    from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
+    from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
+    from hookscope.callbacks.precision import MixedPrecision
+    from hookscope.callbacks.progress import ProgressBar
+    from hookscope.callbacks.recorder import Recorder
+    from hookscope.callbacks.schedule import (
+        CosineAnnealing,
+        LRScheduler,
+        OneCycle,
+        ParamScheduler,
+        combine_scheds,
+        sched_const,
+        sched_cos,
+        sched_exp,
+        sched_lin,
+    )
 
 __all__ = [
     "ActivationStats",
@@ -54,3 +59,38 @@ __all__ = [
     "sched_exp",
     "sched_lin",
 ]
+
+_MONITOR = "hookscope.callbacks.monitor"
+_SCHEDULE = "hookscope.callbacks.schedule"
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GradientAccumulation": "hookscope.callbacks.accumulate",
+        "Checkpoint": "hookscope.callbacks.checkpoint",
+        "GradientClip": "hookscope.callbacks.clip",
+        "GradientClipValue": "hookscope.callbacks.clip",
+        "CallbackCost": "hookscope.callbacks.cost",
+        "Doctor": "hookscope.callbacks.doctor",
+        "EarlyStopping": "hookscope.callbacks.early_stopping",
+        "NonFiniteGuard": "hookscope.callbacks.guard",
+        "MetricsLogger": "hookscope.callbacks.loggers",
+        "LRFinder": "hookscope.callbacks.lr_finder",
+        "LRFindResult": "hookscope.callbacks.lr_finder",
+        "ActivationStats": _MONITOR,
+        "GradientStats": _MONITOR,
+        "ParamRecord": _MONITOR,
+        "StepStats": _MONITOR,
+        "MixedPrecision": "hookscope.callbacks.precision",
+        "ProgressBar": "hookscope.callbacks.progress",
+        "Recorder": "hookscope.callbacks.recorder",
+        "CosineAnnealing": _SCHEDULE,
+        "LRScheduler": _SCHEDULE,
+        "OneCycle": _SCHEDULE,
+        "ParamScheduler": _SCHEDULE,
+        "combine_scheds": _SCHEDULE,
+        "sched_const": _SCHEDULE,
+        "sched_cos": _SCHEDULE,
+        "sched_exp": _SCHEDULE,
+        "sched_lin": _SCHEDULE,
+    },
+)

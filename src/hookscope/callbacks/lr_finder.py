@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.precision import MixedPrecision
@@ -34,6 +33,7 @@ from hookscope.train.events import CancelFitException, CancelValidException
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from hookscope.train.learner import Learner
 
@@ -60,6 +60,8 @@ class LRFindResult:
         The y axis stops at twice the starting loss, so the blow-up at the end does not flatten the
         part of the curve that matters.
         """
+        from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
         fig = Figure(figsize=(6, 4)) if ax is None else ax.figure
         ax = fig.add_subplot() if ax is None else ax
         ax.plot(self.lrs, self.smoothed, label="smoothed loss")

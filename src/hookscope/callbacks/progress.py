@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import math
 import time
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from typing import TYPE_CHECKING
 
 from hookscope.train.callback import Callback
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 def stdout_is_interactive() -> bool:
     """True for a terminal or a Jupyter notebook: where a live bar is seen (not a log file or a pipe)."""
+    from rich.console import Console  # rich loads when a bar may be shown, not with hookscope
+
     console = Console()
     return console.is_terminal or console.is_jupyter
 
@@ -38,6 +42,8 @@ class ProgressBar(Callback):
         return self._progress is not None
 
     def before_fit(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),

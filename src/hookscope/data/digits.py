@@ -7,7 +7,6 @@ that a model has to learn. ``size`` > 8 upsamples them for CNNs that need larger
 from __future__ import annotations
 
 import torch
-from sklearn.datasets import load_digits
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,6 +23,8 @@ def digits_tensors(
         raise ValueError(f"digits_tensors: valid_pct={valid_pct} must be strictly between 0 and 1")
     if size < 8:
         raise ValueError(f"digits_tensors: size={size} is below the native 8×8; use size >= 8")
+    from sklearn.datasets import load_digits  # scikit-learn (1.5 s to import) only when the data is used
+
     bunch = load_digits()
     x = torch.as_tensor(bunch.images, dtype=torch.float32).unsqueeze(1)
     y = torch.as_tensor(bunch.target, dtype=torch.int64)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
-from sklearn.datasets import load_sample_image
 from torch.nn import functional as F
 
 
 def sample_image(size: int = 224) -> torch.Tensor:
     """Return scikit-learn's bundled ``china.jpg`` resized to ``(1, 3, size, size)``, values in [0, 1]."""
+    from sklearn.datasets import load_sample_image  # scikit-learn only when the sample is used
+
     return _to_tensor(load_sample_image("china.jpg"), size)
 
 
@@ -24,6 +24,8 @@ def load_image(path: str | Path, size: int = 224) -> torch.Tensor:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"load_image: no image file at {path}; give the path of a PNG or JPEG file")
+    from PIL import Image, UnidentifiedImageError
+
     try:
         with Image.open(path) as image:
             pixels = np.asarray(image.convert("RGB"))

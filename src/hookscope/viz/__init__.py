@@ -1,9 +1,14 @@
-"""Figures (matplotlib) and the self-contained HTML report."""
+"""Figures (matplotlib) and the self-contained HTML report (matplotlib loads on first use)."""
 
-from hookscope.viz.curves import loss_curves, lr_schedule
-from hookscope.viz.feature_maps import feature_maps, save_figure
-from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
-from hookscope.viz.report import write_report
+from typing import TYPE_CHECKING
+
+from hookscope._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hookscope.viz.curves import loss_curves, lr_schedule
+    from hookscope.viz.feature_maps import feature_maps, save_figure
+    from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
+    from hookscope.viz.report import write_report
 
 __all__ = [
     "activation_curves",
@@ -15,3 +20,17 @@ __all__ = [
     "save_figure",
     "write_report",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "loss_curves": "hookscope.viz.curves",
+        "lr_schedule": "hookscope.viz.curves",
+        "feature_maps": "hookscope.viz.feature_maps",
+        "save_figure": "hookscope.viz.feature_maps",
+        "activation_curves": "hookscope.viz.plots",
+        "colorful_dimension": "hookscope.viz.plots",
+        "gradient_flow": "hookscope.viz.plots",
+        "write_report": "hookscope.viz.report",
+    },
+)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _NOT_METRICS = ("epoch", "train_loss", "valid_loss", "time")
 
@@ -25,6 +27,8 @@ def loss_curves(losses: Sequence[float], history: Sequence[Mapping[str, Any]]) -
     if not losses and not history:
         raise ValueError("loss_curves: nothing recorded yet; train first (learn.recorder.losses is empty)")
     metrics = [k for k in (history[0] if history else {}) if k not in _NOT_METRICS]
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(10, 3.8) if metrics else (6, 3.8))
     axes = fig.subplots(1, 2 if metrics else 1, squeeze=False)[0]
     steps = np.arange(1, len(losses) + 1)
@@ -63,6 +67,8 @@ def lr_schedule(lrs: Sequence[float]) -> Figure:
         raise ValueError(
             "lr_schedule: no learning rate recorded yet; train first (learn.recorder.lrs is empty)"
         )
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(6, 3.2))
     ax = fig.add_subplot()
     ax.plot(np.arange(1, len(lrs) + 1), lrs, color="#2f6fde", linewidth=2)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.figure import Figure
 
 from hookscope.atomic import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def feature_maps(
@@ -41,6 +44,8 @@ def feature_maps(
     n = len(maps)
     ncols = ncols or math.ceil(math.sqrt(n))
     nrows = math.ceil(n / ncols)
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(ncols * panel_size, nrows * panel_size + (0.4 if title else 0.0)))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, ax in enumerate(axes.flat):

@@ -11,10 +11,13 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
 
@@ -38,6 +41,8 @@ def colorful_dimension(
     counts = np.stack([r.stats.histogram for r in records], axis=1).astype(np.float64)
     edges = records[0].stats.edges
     steps = [r.step for r in records]
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(8, 3.5))
     ax = fig.add_subplot()
     image = ax.imshow(
@@ -69,6 +74,8 @@ def activation_curves(
     """
     records = _history(history)
     names = list(layers) if layers is not None else [n for n, r in records.items() if r]
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(8, 7))
     ax_mean, ax_std, ax_dead = fig.subplots(3, 1, sharex=True)
     positive_std = False
@@ -109,6 +116,8 @@ def gradient_flow(grad_stats: GradientStats | ParamHistory) -> Figure:
     norms = {layer: _layer_norms(records) for layer, records in layers.items()}
     ratios = {layer: _layer_ratios(records) for layer, records in layers.items()}
     with_ratios = any(len(r) for r in ratios.values())
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
     fig = Figure(figsize=(max(6.0, 0.5 * len(layers) + 2), 6.5 if with_ratios else 4.0))
     axes = fig.subplots(2 if with_ratios else 1, 1, sharex=True, squeeze=False)[:, 0]
     _draw_flow(axes[0], norms, "gradient norm")

@@ -1,5 +1,12 @@
-"""Loggers: callbacks that write a run's metrics to files as training goes."""
+"""Loggers: callbacks that write a run's metrics to files as training goes (re-exported lazily)."""
 
-from hookscope.callbacks.loggers.metrics import MetricsLogger
+from typing import TYPE_CHECKING
+
+from hookscope._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hookscope.callbacks.loggers.metrics import MetricsLogger
 
 __all__ = ["MetricsLogger"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"MetricsLogger": "hookscope.callbacks.loggers.metrics"})

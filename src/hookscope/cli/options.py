@@ -1,0 +1,32 @@
+"""The options of ``hookscope train`` and their defaults, without torch (the parser's help texts read them).
+
+:mod:`hookscope.demo` runs the job with these options; they are written to ``config.json`` and read back
+by ``--resume``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class TrainOptions:
+    """Every option of ``hookscope train``; written to ``config.json`` and read back by ``--resume``."""
+
+    model: str = "hookscope.models:digits_cnn"
+    data: str = "digits"
+    epochs: int = 5
+    lr: float = 3e-3
+    batch_size: int = 64
+    precision: str = "32"
+    clip: float | None = None
+    seed: int = 0
+    doctor: bool = True
+    weights: str | None = None
+    image_size: int = 64
+    device: str | None = None
+    out: str | None = None
+
+
+DEFAULTS = TrainOptions()
+OPTION_NAMES = tuple(f.name for f in fields(TrainOptions))
