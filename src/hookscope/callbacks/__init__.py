@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hookscope.callbacks.precision import MixedPrecision
     from hookscope.callbacks.progress import ProgressBar
     from hookscope.callbacks.recorder import Recorder
+    from hookscope.callbacks.run_folder import RunFolder
     from hookscope.callbacks.schedule import (
         CosineAnnealing,
         LRScheduler,
@@ -52,6 +53,7 @@ __all__ = [
     "ParamScheduler",
     "ProgressBar",
     "Recorder",
+    "RunFolder",
     "StepStats",
     "combine_scheds",
     "sched_const",
@@ -83,6 +85,7 @@ __getattr__, __dir__ = lazy_exports(
         "MixedPrecision": "hookscope.callbacks.precision",
         "ProgressBar": "hookscope.callbacks.progress",
         "Recorder": "hookscope.callbacks.recorder",
+        "RunFolder": "hookscope.callbacks.run_folder",
         "CosineAnnealing": _SCHEDULE,
         "LRScheduler": _SCHEDULE,
         "OneCycle": _SCHEDULE,

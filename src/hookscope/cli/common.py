@@ -10,8 +10,8 @@ import argparse
 import re
 
 from hookscope.hooks.select import SelectionError
-from hookscope.run_folder import RunFolderError, RunFolderWriteError
 from hookscope.specs import SpecError
+from hookscope.staged_folder import RunFolderError, RunFolderWriteError
 
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1

@@ -13,8 +13,8 @@ from hookscope.cli.common import _one_line, _options, _short_name
 from hookscope.data.images import load_image, sample_image
 from hookscope.hooks.capture import capture
 from hookscope.hooks.select import Spec
-from hookscope.run_folder import RunFolder
 from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD, SpecError, load_model
+from hookscope.staged_folder import StagedFolder
 from hookscope.viz.feature_maps import feature_maps, save_figure
 from hookscope.viz.report import write_feature_map_index
 
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             f"--select {args.select!r} captured no 4-D feature map in {args.model}; select conv layers, "
             "e.g. --select Conv2d"
         )
-    folder = RunFolder.start(args.out or f"runs/inspect-{_short_name(args.model)}")
+    folder = StagedFolder.start(args.out or f"runs/inspect-{_short_name(args.model)}")
     atomic_write_json(folder.file("config.json"), {"command": args.command_line, "options": _options(args)})
     layers = []
     for i, (label, tensor) in enumerate(maps):

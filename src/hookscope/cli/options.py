@@ -1,6 +1,6 @@
 """The options of ``hookscope train`` and their defaults, without torch (the parser's help texts read them).
 
-:mod:`hookscope.demo` runs the job with these options; they are written to ``config.json`` and read back
+:mod:`hookscope.cli.train` runs the job with these options; they are written to ``config.json`` and read back
 by ``--resume``.
 """
 

@@ -77,6 +77,7 @@ h2 { margin: 36px 0 6px; font-size: 20px; border-bottom: 2px solid var(--line); 
 figure.wide { grid-column: 1 / -1; }
 figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
+.stopped { margin: 8px 0 0; padding: 8px 12px; border-left: 4px solid #c0392b; background: #fdf1f0; }
 figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
 table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { text-align: left; padding: 5px 9px; border-bottom: 1px solid var(--line); vertical-align: top; }
@@ -143,11 +144,12 @@ def _page(title: str, body: str) -> str:
 
 
 def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    options = config.get("options", {})
+    options, learner = config.get("options", {}), config.get("learner", {})
     epochs = [r for r in rows if r.get("kind") == "epoch"]
     last = epochs[-1] if epochs else {}
+    model = options.get("model") or learner.get("model") or ""
     cards = [
-        ("model", str(options.get("model", "")).rpartition(":")[2] or None),
+        ("model", str(model).rpartition(":")[2] or None),
         ("data", options.get("data")),
         ("parameters", _count(summary.get("total_params"))),
         ("MACs / sample", _count(summary.get("total_macs"))),
@@ -155,8 +157,9 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
         ("training time", _duration(config.get("duration_s"))),
     ]
     cards += [(key.replace("_", " "), _fmt(value)) for key, value in last.items() if _is_final_metric(key)]
-    if config.get("status", "complete") != "complete":
-        cards.insert(0, ("status", "unfinished run"))
+    status = config.get("status", "complete")
+    if status != "complete":
+        cards.insert(0, ("status", "unfinished run" if status == "running" else status))
     shown = "".join(
         f'<div class="card"><div class="k">{html.escape(k)}</div>'
         f'<div class="v">{html.escape(str(v))}</div></div>'
@@ -168,8 +171,23 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
     return (
         f"<header><h1>hookscope run <code>{html.escape(str(config.get('name', '')))}</code></h1>"
         f"<p>{html.escape(started)} · <code>{html.escape(command)}</code></p>"
+        f"{_stopped(config)}"
         f'<div class="cards">{shown}</div></header>'
     )
+
+
+def _stopped(config: dict[str, Any]) -> str:
+    """Where and why a run that did not complete stopped (from config.json's ``stopped_at``/``error``)."""
+    where = config.get("stopped_at")
+    if not where:
+        return ""
+    text = (
+        f"The run {config.get('status', 'stopped')} at epoch {where['epoch'] + 1}, "
+        f"batch {where['batch'] + 1} of the {where['phase']} phase (training step {where['training_step']})"
+    )
+    if config.get("error"):
+        text += f": {config['error']}"
+    return f'<p class="stopped">{html.escape(text)}</p>'
 
 
 def _is_final_metric(key: str) -> bool:

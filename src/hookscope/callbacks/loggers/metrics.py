@@ -74,8 +74,10 @@ class MetricsLogger(Callback):
         self.write()
 
     def on_failure(self, exc: BaseException) -> None:
-        """A crashed or interrupted run keeps every step row it logged, not only the finished epochs."""
-        self.after_fit()
+        """A crashed or interrupted run keeps every step row it logged, not only the finished epochs (a fit
+        that failed before logging anything writes nothing: its folder may be what failed)."""
+        if self.rows or self._pending:
+            self.after_fit()
 
     def write(self) -> None:
         """Rewrite both files from the rows logged so far."""

@@ -1,6 +1,8 @@
-"""The run folder: one directory per run of the ``hookscope`` command, never left looking complete by a crash.
+"""A folder written under a hidden partial name and renamed into place once complete.
 
-Layout of ``runs/<name>/`` after ``hookscope train``::
+Run folders (the :class:`~hookscope.callbacks.RunFolder` callback, ``hookscope train``) and the output
+of ``hookscope inspect`` are written this way, so a crash never leaves a folder that looks complete.
+Layout of ``runs/<name>/`` after a fit with ``RunFolder`` (or ``hookscope train``)::
 
     config.json     every option, the command line, library versions, start and end time
     metrics.csv     per-epoch rows and per-step rows at a bounded rate (column ``kind``)
@@ -13,8 +15,8 @@ Layout of ``runs/<name>/`` after ``hookscope train``::
 
 A run is written into the hidden sibling ``.<name>.partial`` and renamed to ``<name>`` only once every
 file is there, so a folder called ``<name>`` is always complete; an interrupted run stays ``.partial`` and
-``hookscope train --resume`` continues it. Every single file is written atomically too
-(``hookscope.atomic``), so a reader never sees half a file.
+``hookscope train --resume`` (or ``fit(resume=...)`` with the same ``RunFolder``) continues it. Every
+single file is written atomically too (``hookscope.atomic``), so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -48,26 +50,51 @@ def read_json(path: str | Path) -> Any:
         raise RunFolderError(f"{path} is not valid JSON ({err}); rerun the command that wrote it") from None
 
 
-class RunFolder:
+class StagedFolder:
     """Where one run writes its files: ``path`` is the hidden partial folder until :meth:`finish`."""
 
     def __init__(self, final: Path, path: Path) -> None:
         self.final = final
         self.path = path
 
-    @classmethod
-    def start(cls, out: str | Path) -> RunFolder:
-        """Begin a fresh run that will end up at ``out``; a stale partial folder of ``out`` is discarded.
+    @staticmethod
+    def paths(out: str | Path) -> tuple[Path, Path]:
+        """``(final, partial)`` for ``out``, which may name either of them."""
+        given = Path(out).expanduser().absolute()
+        if given.name.startswith(".") and given.name.endswith(PARTIAL_SUFFIX):
+            return given.with_name(given.name[1 : -len(PARTIAL_SUFFIX)]), given
+        return given, _partial_path(given)
 
-        ``out`` may already hold an older complete run (it is replaced at :meth:`finish`), but not
-        unrelated files: that would be destroyed, so it is refused.
-        """
+    @staticmethod
+    def check(out: str | Path) -> None:
+        """Refuse ``out`` when it exists and holds anything but a hookscope run: it would be replaced."""
         final = Path(out).expanduser().absolute()
         if final.exists() and not _is_replaceable(final):
             raise RunFolderError(
                 f"--out {final} already exists and is not a hookscope run folder (no {CONFIG}); "
                 "choose another --out or remove it"
             )
+
+    @staticmethod
+    def check_run(run_dir: str | Path) -> Path:
+        """``run_dir`` as an absolute path, when it holds a run to continue; else a one-line refusal."""
+        given = Path(run_dir).expanduser().absolute()
+        if not (given / CONFIG).is_file():
+            raise RunFolderError(
+                f"--resume {given} is not a hookscope run folder (no {CONFIG}); "
+                "give the folder that `hookscope train` wrote"
+            )
+        return given
+
+    @classmethod
+    def start(cls, out: str | Path) -> StagedFolder:
+        """Begin a fresh run that will end up at ``out``; a stale partial folder of ``out`` is discarded.
+
+        ``out`` may already hold an older complete run (it is replaced at :meth:`finish`), but not
+        unrelated files: that would be destroyed, so it is refused.
+        """
+        final = Path(out).expanduser().absolute()
+        cls.check(final)
         partial = _partial_path(final)
         try:
             if partial.exists():
@@ -81,22 +108,16 @@ class RunFolder:
         return cls(final, partial)
 
     @classmethod
-    def resume(cls, run_dir: str | Path) -> RunFolder:
+    def resume(cls, run_dir: str | Path) -> StagedFolder:
         """Continue the run in ``run_dir``: an interrupted ``.<name>.partial`` folder or a finished one.
 
         A finished run is copied to its partial folder first, so it stays intact until the resumed
         run finishes.
         """
-        given = Path(run_dir).expanduser().absolute()
-        if not (given / CONFIG).is_file():
-            raise RunFolderError(
-                f"--resume {given} is not a hookscope run folder (no {CONFIG}); "
-                "give the folder that `hookscope train` wrote"
-            )
-        if given.name.startswith(".") and given.name.endswith(PARTIAL_SUFFIX):
-            final = given.with_name(given.name[1 : -len(PARTIAL_SUFFIX)])
-            return cls(final, given)
-        partial = _partial_path(given)
+        given = cls.check_run(run_dir)
+        final, partial = cls.paths(given)
+        if given == partial:
+            return cls(final, partial)
         try:
             if partial.exists():
                 shutil.rmtree(partial)

@@ -1,0 +1,310 @@
+"""RunFolder: one callback gives any ``Learner.fit`` the run folder and the self-contained ``report.html``.
+
+    learn = hs.Learner(model, dls, loss_func, cbs=[hs.callbacks.Doctor(), hs.callbacks.RunFolder("runs/a")])
+    learn.fit(5)          # runs/a/report.html
+
+The folder holds ``config.json`` (options, command, versions, times, status), ``metrics.csv/.jsonl`` (a
+:class:`MetricsLogger`), ``summary.txt/.json``, ``findings.json`` and ``stats.json`` (when a Doctor or
+ActivationStats ran), ``figures/*.png`` (curves, statistics, gradient flow, feature maps of the first
+convolutions), ``checkpoints/`` when asked, and ``report.html``. It is written under the hidden name
+``.<name>.partial`` and renamed into place when the fit ends (see :mod:`hookscope.staged_folder`); a fit
+that fails or is interrupted keeps the partial folder, with a report saying where it stopped, and
+``fit(n, resume=<folder>)`` with the same callback continues it. ``hookscope train`` is this callback
+around a Learner.
+"""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookscope.atomic import atomic_write_json, atomic_write_text
+from hookscope.callbacks.checkpoint import Checkpoint
+from hookscope.callbacks.doctor import Doctor
+from hookscope.callbacks.loggers.metrics import MetricsLogger
+from hookscope.callbacks.lr_finder import LRFinder
+from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.hooks.summary import Summary, summary
+from hookscope.hooks.tensors import map_tensors
+from hookscope.staged_folder import CONFIG, StagedFolder, read_json
+from hookscope.train.callback import Callback, flatten
+from hookscope.train.learner import split_batch
+
+SEVERITY_RANK = {"error": 2, "warning": 1, "info": 0}
+
+
+class RunFolder(Callback):
+    """Write everything about a fit into the folder ``path`` and finish with ``report.html``.
+
+    ``config``: the run's options as you name them (hyperparameters, data name...), kept in config.json
+    next to what the Learner tells (model, loss, optimizer, lr, epochs, batch size, callbacks).
+    ``command``: the command line to show (default: this process's). ``checkpoints``: ``True`` adds a
+    :class:`Checkpoint` writing to ``<path>/checkpoints``, a mapping passes its keyword arguments
+    (``{"monitor": "valid_loss"}``). ``metrics_every``: step rows in ``metrics.csv`` every so many steps
+    (0: epochs only). ``figures=False`` skips matplotlib (the report then has tables only). A ``path``
+    holding anything but a hookscope run is refused here, with
+    :class:`~hookscope.staged_folder.RunFolderError`.
+    """
+
+    order = 110  # after every other callback at after_fit: the folder is renamed once all is written
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: Mapping[str, Any] | None = None,
+        command: str | None = None,
+        checkpoints: bool | Mapping[str, Any] = False,
+        metrics_every: int = 10,
+        figures: bool = True,
+    ) -> None:
+        self.final, self.partial = StagedFolder.paths(path)
+        StagedFolder.check(self.final)  # a folder that is not a run is refused now, before anything loads
+        self.config = dict(config or {})
+        self.command = command if command is not None else shlex.join(["python", *sys.argv])
+        self.figures = figures
+        self.metrics = MetricsLogger(self.partial, every=metrics_every)
+        self.checkpoint: Checkpoint | None = None
+        if checkpoints:
+            options = dict(checkpoints) if isinstance(checkpoints, Mapping) else {}
+            self.checkpoint = Checkpoint(self.partial / "checkpoints", **options)
+        self.folder: StagedFolder | None = None
+        self._sample: Any = None
+        self._previous: dict[str, Any] = {}
+        self._start, self._started = time.perf_counter(), _now()
+        self._sweeping = self._cancelled = False
+
+    @property
+    def parts(self) -> list[Callback]:
+        """The MetricsLogger and the Checkpoint (when asked) write into the folder for this callback."""
+        return [cb for cb in (self.metrics, self.checkpoint) if cb is not None]
+
+    @property
+    def path(self) -> Path:
+        """Where the files are now: the partial folder during the fit, the final one after it."""
+        return self.folder.path if self.folder is not None else self.final
+
+    # ---- events ----------------------------------------------------------------------------------------
+
+    def before_fit(self) -> None:
+        self._sweeping = any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        if self._sweeping:
+            return
+        self._start, self._started, self._cancelled = time.perf_counter(), _now(), False
+        self.folder = self._stage()
+        self._previous = _read_config(self.folder.path)
+        self._write_config("running")
+        self._sample = self._one_sample()
+        _try("the model summary", self._write_summary)
+
+    def after_cancel_fit(self) -> None:
+        self._cancelled = True
+
+    def after_fit(self) -> None:
+        if self._sweeping:
+            return
+        self._write_results("stopped early" if self._cancelled else "complete")
+        self.folder.finish()
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Keep the partial folder, with a report saying where the fit stopped and why."""
+        if self._sweeping or self.folder is None:
+            return
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self._write_results(status, error=f"{type(exc).__name__}: {exc}")
+
+    # ---- writing ---------------------------------------------------------------------------------------
+
+    def _stage(self) -> StagedFolder:
+        """A fresh folder, or the run this fit continues (see :meth:`_continued`)."""
+        continued = self._continued()
+        return StagedFolder.start(self.final) if continued is None else StagedFolder.resume(continued)
+
+    def _continued(self) -> Path | None:
+        """The folder of the run this fit continues: the one holding the checkpoint it resumes from, or —
+        fitting again — the folder of this callback's previous fit; None for a fresh run."""
+        resumed = self.learn.resumed_from
+        if resumed is not None:
+            resumed = resumed.expanduser().absolute()
+            return next((f for f in (self.partial, self.final) if f in resumed.parents), None)
+        return self.folder.path if self.folder is not None else None
+
+    def _write_results(self, status: str, error: str | None = None) -> None:
+        doctor = _first(self.learn, Doctor)
+        if doctor is not None:
+            _try("findings.json", lambda: self._write_findings(doctor))
+        activations = doctor.activations if doctor is not None else _first(self.learn, ActivationStats)
+        if activations is not None:
+            _try("stats.json", lambda: self._write_stats(activations))
+        if self.figures:
+            gradients = doctor.gradients if doctor is not None else _first(self.learn, GradientStats)
+            _try("the figures", lambda: self._write_figures(activations, gradients))
+        self._write_config(status, error)
+        _try("report.html", self._write_report)
+
+    def _write_config(self, status: str, error: str | None = None) -> None:
+        """``config.json``: options, the Learner's facts, command, versions, times and — unless complete —
+        where it stopped."""
+        learn, previous = self.learn, self._previous
+        elapsed = time.perf_counter() - self._start
+        config: dict[str, Any] = {
+            "name": self.final.name,
+            "command": self.command,
+            "options": self.config,
+            "learner": _learner_facts(learn),
+            "versions": versions(),
+            "started": previous.get("started", self._started),
+            "status": status,
+        }
+        if status != "running":
+            config["ended"] = _now()
+            config["duration_s"] = previous.get("duration_s", 0.0) + elapsed
+        if status not in ("running", "complete"):
+            config["stopped_at"] = {
+                "epoch": learn.epoch,
+                "batch": learn.iter,
+                "training_step": learn.training_step,
+                "phase": "train" if learn.training else "validate",
+            }
+        if error is not None:
+            config["error"] = error
+        if learn.resumed_from is not None:
+            config["resumed_from"] = str(learn.resumed_from)
+        atomic_write_json(self.folder.file(CONFIG), config)
+
+    def _one_sample(self) -> Any:
+        """The inputs of one validation example (training when there is none): summary and feature maps."""
+        dl = self.learn.dls.valid if self.learn.dls.valid is not None else self.learn.dls.train
+        try:
+            xb = split_batch(self.learn.one_batch(dl))[0]
+        except Exception as err:
+            warnings.warn(f"RunFolder: no sample for the summary and feature maps ({err})", stacklevel=2)
+            return None
+        return map_tensors(lambda t: t[:1], xb)
+
+    def _write_summary(self) -> None:
+        """``summary.txt`` as printed, ``summary.json`` as the report's table (one row per module call)."""
+        if self._sample is None:
+            return
+        table = summary(self.learn.model, self._sample)
+        atomic_write_text(self.folder.file("summary.txt"), str(table))
+        atomic_write_json(self.folder.file("summary.json"), summary_record(table))
+
+    def _write_findings(self, doctor: Doctor) -> None:
+        found = sorted(doctor.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.step))
+        atomic_write_json(self.folder.file("findings.json"), [f.to_dict() for f in found])
+
+    def _write_stats(self, activations: ActivationStats) -> None:
+        """``stats.json``: the last recorded activation statistics of every watched layer."""
+        rows = [
+            {
+                "layer": name,
+                "step": record.step,
+                "mean": record.stats.mean,
+                "std": record.stats.std,
+                "dead_units": record.stats.dead_fraction(),
+                "non_finite": record.stats.nonfinite,
+                "abs_max": record.stats.abs_max,
+                "zeros": record.stats.zero_fraction,
+                "sampled": record.stats.sampled,
+            }
+            for name, record in activations.latest().items()
+        ]
+        atomic_write_json(self.folder.file("stats.json"), rows)
+
+    def _write_figures(self, activations: ActivationStats | None, gradients: GradientStats | None) -> None:
+        from hookscope.viz.run_figures import write_run_figures  # matplotlib loads here, not with hookscope
+
+        write_run_figures(self.learn, self.folder.file, activations, gradients, self._sample)
+
+    def _write_report(self) -> None:
+        from hookscope.viz.report import write_report
+
+        write_report(self.folder.path)
+
+
+def summary_record(table: Summary) -> dict[str, Any]:
+    """The summary as the report's table: totals and one row per named module call."""
+    rows = [
+        {
+            "layer": "\u2003" * (row.depth - 1) + row.name,
+            "type": row.type,
+            "output_shape": ", ".join("×".join(map(str, s)) for s in row.output_shapes),
+            "params": row.params,
+            "MACs": row.macs,
+        }
+        for row in table.rows
+        if row.name
+    ]
+    totals = {k: getattr(table, k) for k in ("total_params", "trainable_params", "total_macs")}
+    return {**totals, "rows": rows}
+
+
+def versions() -> dict[str, str]:
+    """Versions of what shapes a run's numbers: Python, hookscope, torch, torchvision, numpy, platform."""
+    import numpy as np
+
+    from hookscope import __version__
+
+    found = {
+        "python": platform.python_version(),
+        "hookscope": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
+    try:
+        import torchvision
+
+        found["torchvision"] = torchvision.__version__
+    except ImportError:
+        found["torchvision"] = "not installed"
+    return found
+
+
+def _learner_facts(learn: Any) -> dict[str, Any]:
+    """What the Learner itself says about the run, for config.json and the report's cards."""
+    return {
+        "model": type(learn.model).__name__,
+        "loss_func": _name(learn.loss_func),
+        "opt_func": _name(learn.opt_func),
+        "lr": learn.lr,
+        "epochs": learn.n_epoch,
+        "batch_size": getattr(learn.dls.train, "batch_size", None),
+        "callbacks": [type(cb).__name__ for cb in learn.cbs],
+    }
+
+
+def _first(learn: Any, kind: type[Callback]) -> Any:
+    """The first callback of type ``kind`` attached to ``learn``, parts of composites included."""
+    return next((cb for cb in flatten(learn.cbs) if isinstance(cb, kind)), None)
+
+
+def _try(what: str, write: Callable[[], None]) -> None:
+    """Write one artifact; a failure warns and the rest of the folder is still written."""
+    try:
+        write()
+    except Exception as err:
+        warnings.warn(f"RunFolder: could not write {what} ({type(err).__name__}: {err})", stacklevel=2)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """The config of the run being continued (nothing for a fresh one)."""
+    path = folder / CONFIG
+    return read_json(path) if path.is_file() else {}
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
