@@ -59,6 +59,7 @@ __all__ = [
     "SummaryRow",
     "TensorStats",
     "__version__",
+    "callbacks",
     "capture",
     "diagnose",
     "export_safetensors",
@@ -107,5 +108,5 @@ __getattr__, __dir__ = lazy_exports(
         "CancelValidException": _EVENTS,
         "Learner": "hookscope.train.learner",
     },
-    submodules=("metrics", "viz"),
+    submodules=("callbacks", "metrics", "viz"),
 )

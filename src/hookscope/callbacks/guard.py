@@ -20,7 +20,6 @@ import contextlib
 from typing import Any
 
 import torch
-from rich.console import Console
 from torch import nn
 
 from hookscope import compat
@@ -124,6 +123,8 @@ class NonFiniteGuard(Callback):
         self.report = self._blame(learn)
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
+            from rich.console import Console  # loaded on the first stop, not with hookscope
+
             Console(stderr=True, highlight=False).print(self.message(), markup=False)
         raise CancelFitException()
 

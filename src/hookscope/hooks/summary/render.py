@@ -5,22 +5,25 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING
 
-from rich import box
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
-
 if TYPE_CHECKING:
+    from rich.console import Group
+    from rich.table import Table
+
     from hookscope.hooks.summary.result import Shape, Summary, SummaryRow
 
 
 def renderable(summary: Summary) -> Group:
     """The table and the totals under it, for rich to print (what ``Summary.__rich__`` returns)."""
+    from rich.console import Group  # rich loads when a summary is printed, not with hookscope
+    from rich.text import Text
+
     return Group(_table(summary), Text("\n".join(_totals(summary))))
 
 
 def plain_text(summary: Summary) -> str:
     """The printed table without colour or trailing spaces (``str(summary)``), for logs and text files."""
+    from rich.console import Console
+
     buffer = io.StringIO()
     # Wide enough that rows never wrap: the table itself is only as wide as its content.
     console = Console(file=buffer, width=1000, color_system=None, force_terminal=False)
@@ -43,6 +46,9 @@ def human(n: int, unit: str = "") -> str:
 
 
 def _table(summary: Summary) -> Table:
+    from rich import box
+    from rich.table import Table
+
     partial = " (partial: the forward failed)" if summary.failed_module is not None else ""
     title = f"{summary.model_type} summary{partial}"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")

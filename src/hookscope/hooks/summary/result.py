@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from rich.console import Group
+from typing import TYPE_CHECKING, Any
 
 from hookscope.hooks.summary.render import human, plain_text, renderable
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 Shape = tuple[int, ...]
 

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from hookscope.hooks.handles import HookSet
-from hookscope.hooks.summary.flops import FlopCounter
 from hookscope.hooks.summary.result import Shape, SummaryRow
 from hookscope.hooks.tensors import tensors_in
 
@@ -51,6 +50,9 @@ class Tracer:
         named = [(name, m) for name, m in model.named_modules() if not isinstance(m, torch.jit.ScriptModule)]
         self.names = {id(m): name for name, m in named}
         self.modules = [m for _, m in named]
+        # Imported here: torch's FLOP formulas load triton where it is installed, too slow for import time.
+        from hookscope.hooks.summary.flops import FlopCounter
+
         self.counter = FlopCounter()
         self.calls: list[Call] = []
         self.stack: list[int] = []
