@@ -20,38 +20,6 @@ PRIVATE = re.compile(
     r"|hooks_dict_ref|_compiled_call_impl|_foreach|_orig_mod|_overloadpacket|_python_dispatch|_pytree"
 )
 
-# Files other changes are rewriting right now (the coordinator empties this set once they land). Only
-# hooks/summary/flops.py still held private uses when this test was written: aten._scaled_dot_product_
-# flash_attention_for_cpu (a private aten op) and func._overloadpacket (public: func.overloadpacket).
-PENDING = {
-    "hooks/summary.py",  # split into hooks/summary/
-    "hooks/flops.py",  # moved into hooks/summary/
-    "hooks/summary/",
-    "train/checkpoint.py",  # split into train/checkpoint/
-    "train/checkpoint/",
-    "train/learner.py",
-    "train/callback.py",
-    "callbacks/doctor.py",
-    "callbacks/cost.py",
-    "cli.py",  # split into cli/
-    "cli/",
-    "demo.py",
-    "run_folder.py",
-    "callbacks/run_folder.py",
-    "__init__.py",  # every package's __init__.py
-}
-
-
-def _pending(relative: str) -> bool:
-    """``relative`` is a PENDING file, lies in a PENDING folder, or is an ``__init__.py`` while that is."""
-    return any(
-        relative == entry
-        or (entry.endswith("/") and relative.startswith(entry))
-        or (entry == "__init__.py" and relative.endswith("/__init__.py"))
-        for entry in PENDING
-    )
-
-
 def _private_uses(path: Path) -> list[tuple[int, str]]:
     """(line, code) of each line that names a private torch API. Comments and docstrings are prose, not
     uses, and are skipped; other strings count (``sys.modules.get("torch._dynamo...")`` is a use)."""
@@ -81,16 +49,10 @@ def test_private_torch_apis_are_used_only_in_compat():
     hits = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative == "compat.py" or _pending(relative):
+        if relative == "compat.py":
             continue
         hits += [f"src/hookscope/{relative}:{line}: {text}" for line, text in _private_uses(path)]
     assert not hits, "private torch APIs outside hookscope/compat.py (wrap them there):\n" + "\n".join(hits)
-
-
-def test_pending_matches_files_folders_and_every_init():
-    assert _pending("train/learner.py") and _pending("hooks/summary/flops.py") and _pending("__init__.py")
-    assert _pending("hooks/__init__.py")
-    assert not _pending("hooks/capture.py") and not _pending("train/learner_extra.py")
 
 
 def test_the_scan_finds_what_it_must(tmp_path):
