@@ -349,3 +349,16 @@ def test_a_name_shadowed_by_its_submodule_stays_the_function() -> None:
         """
     )
     assert out.split() == ["True", "function", "True"]
+
+
+def test_the_readme_spellings_work_in_a_fresh_interpreter() -> None:
+    """``hs.callbacks.X``, ``hs.viz.X`` and ``hs.metrics.X`` with nothing imported but ``hookscope``: the
+    eager ``__init__`` used to load these subpackages as a side effect, and code relies on it."""
+    out = run_python(
+        """
+        import hookscope as hs
+        print(hs.callbacks.RunFolder.__name__, hs.callbacks.Doctor.__name__, hs.viz.feature_maps.__name__,
+              hs.metrics.accuracy.__name__, hs.Learner.__name__)
+        """
+    )
+    assert out.split() == ["RunFolder", "Doctor", "feature_maps", "accuracy", "Learner"]
