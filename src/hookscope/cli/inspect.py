@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
             f"--select {args.select!r} captured no 4-D feature map in {args.model}; select conv layers, "
             "e.g. --select Conv2d"
         )
-    folder = StagedFolder.start(args.out or f"runs/inspect-{_short_name(args.model)}")
+    out = args.out or f"runs/inspect-{_short_name(args.model)}"
+    # inspect output is derived and regenerable: an older inspect folder there is replaced
+    folder = StagedFolder.start(out, "inspect", overwrite=True)
     atomic_write_json(folder.file("config.json"), {"command": args.command_line, "options": _options(args)})
     layers = []
     for i, (label, tensor) in enumerate(maps):
