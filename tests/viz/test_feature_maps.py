@@ -1,8 +1,10 @@
+import math
 import runpy
 import sys
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -11,31 +13,62 @@ from PIL import Image
 import hookscope as hs
 
 
-def _visible_panels(fig: Figure) -> list:
-    return [ax for ax in fig.axes if ax.axison]
+def _tiles(fig: Figure) -> list[list[np.ndarray | None]]:
+    """The grid in ``fig``'s one image: rows of tiles (None for a blank cell), split at the blank gaps."""
+    (ax,) = fig.axes
+    (image,) = ax.images
+    pixels = np.ma.filled(image.get_array().astype(float), np.nan)
+    blank = np.isnan(pixels)
+    rows = _runs(~blank.all(axis=1))
+    cols = _runs(~blank.all(axis=0))
+    return [[_tile_or_none(pixels[r][:, c]) for c in cols] for r in rows]
 
 
-def test_64_channels_make_an_8x8_grid_without_ticks():
+def _runs(filled: np.ndarray) -> list[slice]:
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], filled.astype(int), [0]])))
+    return [slice(start, stop) for start, stop in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def _tile_or_none(block: np.ndarray) -> np.ndarray | None:
+    return None if np.isnan(block).all() else block
+
+
+def _scaled(channel: torch.Tensor) -> np.ndarray:
+    channel = channel.numpy().astype(float)
+    return (channel - channel.min()) / (channel.max() - channel.min())
+
+
+def test_64_channels_make_an_8x8_grid_in_one_image_without_ticks():
     fig = hs.viz.feature_maps(torch.randn(1, 64, 12, 12))
-    axes = _visible_panels(fig)
-    assert len(fig.axes) == 64 and len(axes) == 64
-    assert axes[0].get_subplotspec().get_gridspec().get_geometry() == (8, 8)
-    assert all(len(ax.get_xticks()) == 0 and len(ax.get_yticks()) == 0 for ax in axes)
+    tiles = _tiles(fig)
+    assert [len(row) for row in tiles] == [8] * 8
+    assert all(tile is not None and tile.shape == (12, 12) for row in tiles for tile in row)
+    assert not fig.axes[0].axison  # no ticks, no frame
 
 
-def test_each_panel_shows_its_own_channel():
-    maps = torch.arange(3 * 4 * 4, dtype=torch.float32).reshape(3, 4, 4)
-    fig = hs.viz.feature_maps(maps, ncols=3)
-    for channel, ax in enumerate(fig.axes):
-        assert (ax.images[0].get_array() == maps[channel].numpy()).all()
+def test_each_tile_shows_its_own_channel_scaled_to_its_own_range():
+    maps = torch.randn(3, 4, 5) * torch.tensor([1.0, 10.0, 100.0]).view(3, 1, 1)
+    (row,) = _tiles(hs.viz.feature_maps(maps, ncols=3))
+    for channel, tile in enumerate(row):
+        np.testing.assert_allclose(tile, _scaled(maps[channel]), atol=1e-6)
 
 
-def test_ragged_grid_hides_unused_panels_and_honours_max_maps_and_index():
-    batch = torch.stack([torch.zeros(10, 5, 5), torch.ones(10, 5, 5)])
+def test_ragged_grid_leaves_unused_cells_blank_and_honours_max_maps_and_index():
+    batch = torch.stack([torch.zeros(10, 5, 5), torch.arange(250.0).reshape(10, 5, 5)])
     fig = hs.viz.feature_maps(batch, ncols=4, index=1, max_maps=6, title="layer1")
-    assert len(fig.axes) == 8 and len(_visible_panels(fig)) == 6
-    assert fig.axes[0].images[0].get_array().min() == 1.0
+    tiles = _tiles(fig)
+    assert [[tile is not None for tile in row] for row in tiles] == [[True] * 4, [True, True, False, False]]
+    np.testing.assert_allclose(tiles[1][1], _scaled(batch[1, 5]), atol=1e-6)
     assert fig._suptitle.get_text() == "layer1"
+
+
+def test_constant_and_non_finite_pixels_draw_without_error():
+    maps = torch.ones(2, 4, 4)
+    maps[1, 0, 0] = math.nan
+    maps[1, 1, 1] = 5.0
+    pixels = np.ma.filled(hs.viz.feature_maps(maps).axes[0].images[0].get_array().astype(float), np.nan)
+    assert np.nanmin(pixels) == 0.0 and np.nanmax(pixels) == 1.0  # constant map 0; 5 the top of its range
+    assert np.isnan(pixels[0, 5])  # the NaN pixel of map 1 stays blank, as imshow drew it before
 
 
 def test_bad_shapes_raise_one_line_errors():
@@ -73,8 +106,8 @@ def test_save_figure_refuses_other_suffixes_and_leaves_no_temp_file(tmp_path):
 def test_feature_maps_of_a_captured_conv(resnet18_eval, china_64):
     with torch.no_grad(), hs.capture(resnet18_eval, "conv1") as cap:
         resnet18_eval(china_64)
-    fig = hs.viz.feature_maps(cap["conv1"])
-    assert len(_visible_panels(fig)) == 64
+    tiles = _tiles(hs.viz.feature_maps(cap["conv1"]))
+    assert sum(tile is not None for row in tiles for tile in row) == 64
 
 
 def test_failed_save_keeps_the_previous_file_and_no_temp_file(tmp_path):
