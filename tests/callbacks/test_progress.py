@@ -1,4 +1,5 @@
 import io
+import signal
 
 import pytest
 import torch
@@ -32,9 +33,39 @@ def test_bar_prints_one_line_per_epoch_and_closes():
     learn = _learner(cbs=[bar])
     learn.fit(2)
     lines = [line for line in out.getvalue().splitlines() if line.startswith("epoch ")]
-    assert [line.split()[:2] for line in lines] == [["epoch", "0"], ["epoch", "1"]]
+    assert [line.split()[:2] for line in lines] == [["epoch", "1"], ["epoch", "2"]]  # counted from 1
     assert f"valid_loss {learn.recorder.history[1]['valid_loss']:.4f}" in lines[1]
+    assert [row["epoch"] for row in learn.recorder.history] == [0, 1]  # the data stays 0-based
     assert not bar.is_open
+
+
+def test_bar_names_the_phases_with_epochs_counted_from_1():
+    bar, _ = _bar()
+    seen = []
+
+    class Spy(hs.Callback):
+        order = 100  # after the bar has added the phase's task
+
+        def before_train(self):
+            seen.append(bar._progress.tasks[-1].description)
+
+        def before_validate(self):
+            seen.append(bar._progress.tasks[-1].description)
+
+    _learner(cbs=[bar, Spy()]).fit(2)
+    assert seen == ["epoch 1 train", "epoch 1 valid", "epoch 2 train", "epoch 2 valid"]
+
+
+def test_ctrl_c_message_of_the_checkpoint_counts_epochs_from_1(tmp_path, capsys):
+    class CtrlCInSecondEpoch(hs.Callback):
+        def after_pred(self):
+            if self.learn.training and self.learn.epoch == 1 and self.learn.iter == 1:
+                signal.raise_signal(signal.SIGINT)
+
+    learn = _learner(cbs=[hs.callbacks.Checkpoint(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        learn.fit(3, cbs=[CtrlCInSecondEpoch()])
+    assert "hookscope: interrupted at epoch 2, step 6;" in capsys.readouterr().err
 
 
 def test_bar_reads_the_smoothed_loss_at_a_bounded_rate():

@@ -182,7 +182,9 @@ class Checkpoint(Callback):
         learn = self.learn
         last = str(self.dir / "last.pt")
         message = (
-            f"interrupted at epoch {learn.epoch}, step {learn.training_step}; checkpoint saved to {path}. "
+            # epochs are shown from 1, as `hookscope train` and the progress bar count them
+            f"interrupted at epoch {learn.epoch + 1}, step {learn.training_step}; "
+            f"checkpoint saved to {path}. "
             f"To continue, repeat the same fit call with resume={last!r}, e.g. "
             f"learn.fit({learn.n_epoch}, resume={last!r})"
         )

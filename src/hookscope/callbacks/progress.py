@@ -85,8 +85,7 @@ class ProgressBar(Callback):
             return
         self._progress.advance(self._epochs)
         row = self.learn.recorder.history[-1] if self.learn.recorder.history else {}
-        cells = [f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()]
-        self._progress.console.print("  ".join(cells))
+        self._progress.console.print(_epoch_line(row))
         self._progress.refresh()
 
     def after_fit(self) -> None:
@@ -98,7 +97,7 @@ class ProgressBar(Callback):
     def _start_phase(self, phase: str) -> None:
         if self._progress is None:
             return
-        description = f"epoch {self.learn.epoch} {phase}"
+        description = f"epoch {self.learn.epoch + 1} {phase}"  # people count epochs from 1
         self._batches = self._progress.add_task(description, total=self.learn.n_iter, loss="")
         self._last = time.perf_counter()
         self._progress.refresh()
@@ -114,3 +113,9 @@ class ProgressBar(Callback):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def _epoch_line(row: dict[str, object]) -> str:
+    """``epoch 1  train_loss 0.1234 ...``: the row's epoch shown from 1; the row itself keeps it 0-based."""
+    shown = {**row, "epoch": row["epoch"] + 1} if isinstance(row.get("epoch"), int) else row
+    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
