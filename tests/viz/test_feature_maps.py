@@ -1,3 +1,4 @@
+import json
 import math
 import runpy
 import sys
@@ -131,3 +132,11 @@ def test_example_script_writes_the_png_and_lists_36_convs(tmp_path, monkeypatch,
     assert "36 Conv2d outputs captured" in lines
     with Image.open(tmp_path / "conv1_feature_maps.png") as image:
         assert image.format == "PNG"
+
+
+def test_report_title_names_the_run_not_its_partial_folder(tmp_path):
+    partial = tmp_path / ".demo.partial"
+    partial.mkdir()
+    (partial / "config.json").write_text(json.dumps({"name": "demo", "status": "running", "options": {}}))
+    page = hs.viz.write_report(partial).read_text()
+    assert "<title>hookscope report: demo</title>" in page

@@ -113,7 +113,7 @@ def write_report(run_dir: str | Path) -> Path:
         _summary_section(summary),
         _config_section(config),
     ]
-    title = f"hookscope report: {run_dir.name}"
+    title = f"hookscope report: {config.get('name') or run_dir.name}"  # not the .NAME.partial folder
     page = _page(title, "\n".join(body))
     return atomic_write_text(run_dir / REPORT, page)
 
