@@ -125,6 +125,31 @@ class Doctor(Callback):
     def on_failure(self, exc: BaseException) -> None:
         self._hooks.remove()
 
+    # ---- checkpoint state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Findings, what was already reported and printed, the loss and saturation histories (pending
+        device values read first) and the steps since the last check: a resumed run repeats nothing."""
+        self._read_own()
+        return {
+            "findings": [_plain(f.to_dict()) for f in self.findings],
+            "seen": [list(key) for key in sorted(self._seen)],
+            "printed": self._printed,
+            "loss_history": _series_state(self._loss_history),
+            "saturation_history": {name: _series_state(h) for name, h in self._saturation_history.items()},
+            "steps_since_check": self._steps_since_check,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; the next ``fit`` continues the checks and histories."""
+        self.findings = [Finding(**f) for f in state["findings"]]
+        self._seen = {(kind, module) for kind, module in state["seen"]}
+        self._printed = state["printed"]
+        self._loss_history = _series_from_state(state["loss_history"])
+        self._saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
+        self._steps_since_check = state["steps_since_check"]
+        self._losses, self._pending_saturation = [], []
+
     # ---- checking --------------------------------------------------------------------------------------
 
     def check(self) -> list[Finding]:
@@ -213,6 +238,28 @@ class Doctor(Callback):
 
     def _sizes(self) -> dict[str, int]:
         return {name: p.numel() for name, p in self.learn.model.named_parameters()}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy numbers and arrays (rules put them in evidence) as Python numbers and lists,
+    which a checkpoint can hold."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return _plain(value.tolist()) if hasattr(value, "tolist") else value
+
+
+def _series_state(series: list[tuple[int, float]]) -> dict[str, torch.Tensor]:
+    """``(step, value)`` pairs as two tensors: a checkpoint checks and checksums every plain number."""
+    return {
+        "step": torch.tensor([step for step, _ in series], dtype=torch.int64),
+        "value": torch.tensor([value for _, value in series], dtype=torch.float64),
+    }
+
+
+def _series_from_state(state: dict[str, torch.Tensor]) -> list[tuple[int, float]]:
+    return list(zip(state["step"].tolist(), state["value"].tolist(), strict=True))
 
 
 def _print_finding(finding: Finding) -> None:

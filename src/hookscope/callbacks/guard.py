@@ -60,6 +60,7 @@ class NonFiniteGuard(Callback):
         self._saved: list[torch.Tensor] = []
         # (xb, yb, RNG states, autocast dtype or None) of the batches since the last check
         self._batches: list[tuple[tuple, tuple, tuple, torch.dtype | None]] = []
+        self._resumed: dict[str, Any] = {}  # a checkpoint's unchecked group, applied in before_fit
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
@@ -70,6 +71,7 @@ class NonFiniteGuard(Callback):
                 self._hooks.forward(module, self._watch)
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._saved = [torch.empty_like(b) for b in self._buffers]
+        self._apply_resumed()
 
     def before_batch(self) -> None:
         # Flags pile up until a step checks them: with gradient accumulation, batches that end before
@@ -110,6 +112,35 @@ class NonFiniteGuard(Callback):
 
     def after_fit(self) -> None:
         self._hooks.remove()
+
+    # ---- checkpoint state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing after a checked step (every checkpoint but a Ctrl-C inside gradient accumulation); else
+        the group's flags so far, folded on the device, and the buffers of its start, so the step that
+        ends the group after a resume still checks and rolls back the whole group."""
+        if self._checked:
+            return {}
+        return {
+            "activation_ok": [torch.stack(self._flags).all()] if self._flags else [],
+            "loss_ok": [torch.stack(self._loss_flags).all()] if self._loss_flags else [],
+            "buffers": list(self._saved),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep the unchecked group's state for the next ``before_fit`` (which builds the buffers)."""
+        self._resumed = dict(state)
+
+    def _apply_resumed(self) -> None:
+        state, self._resumed = self._resumed, {}
+        if not state:
+            return
+        device = model_device(self.learn.model)
+        self._flags = [flag.to(device) for flag in state["activation_ok"]]
+        self._loss_flags = [flag.to(device) for flag in state["loss_ok"]]
+        self._checked = False
+        if self._saved:
+            compat.foreach_copy_(self._saved, [b.to(device) for b in state["buffers"]])
 
     def on_failure(self, exc: BaseException) -> None:
         self._hooks.remove()

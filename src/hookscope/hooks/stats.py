@@ -477,6 +477,44 @@ def _edges(hist_range: tuple[float, float], bins: int) -> np.ndarray:
     return edges
 
 
+# Scalar fields of TensorStats, in the column order of stats_to_columns; ints are exact in float64.
+_SCALARS = ("count", "mean", "std", "abs_max", "zero_fraction", "nonfinite", "sampled")
+_INTS = frozenset({"count", "nonfinite", "sampled"})
+
+
+def stats_to_columns(records: Sequence[TensorStats]) -> dict[str, torch.Tensor]:
+    """Records of one stream as a few CPU tensors (plain checkpoint content), exact to the bit.
+
+    Columns, not one dict per record: a checkpoint walks every plain value in Python (check and CRC), so
+    a thousand records of 50 histogram bins each must be a handful of tensors, not 50,000 numbers.
+    ``records`` must share histogram settings (one :class:`RunningStats`' records do).
+    """
+    if not records:
+        raise ValueError("stats_to_columns: no records; store only streams that recorded something")
+    scalars = [[float(getattr(r, name)) for name in _SCALARS] for r in records]
+    return {
+        "scalars": torch.tensor(scalars, dtype=torch.float64),
+        "histogram": torch.from_numpy(np.stack([r.histogram for r in records]).astype(np.int64)),
+        "range": torch.tensor([records[0].edges[0], records[0].edges[-1]], dtype=torch.float64),
+        "channel_rms": torch.from_numpy(np.concatenate([r.channel_rms for r in records]).astype(np.float64)),
+        "channels": torch.tensor([r.channel_rms.size for r in records], dtype=torch.int64),
+    }
+
+
+def stats_from_columns(columns: Mapping[str, torch.Tensor]) -> list[TensorStats]:
+    """The records :func:`stats_to_columns` stored, equal to the originals (edges shared as usual)."""
+    histogram = columns["histogram"].numpy()
+    low, high = columns["range"].tolist()
+    edges = _edges((low, high), histogram.shape[1])
+    ends = np.cumsum(columns["channels"].numpy())
+    rms = np.split(columns["channel_rms"].numpy(), ends[:-1])
+    records = []
+    for i, row in enumerate(columns["scalars"].tolist()):
+        fields = {name: int(v) if name in _INTS else v for name, v in zip(_SCALARS, row, strict=True)}
+        records.append(TensorStats(**fields, histogram=histogram[i], edges=edges, channel_rms=rms[i]))
+    return records
+
+
 def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """Copy many tensors to the host as float64 numpy arrays with one transfer per device.
 
