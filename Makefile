@@ -20,9 +20,9 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(PY)
 	touch $@ $(VENV)/.installed
 
 # `hookscope train` with its defaults: digits, a small CNN, the doctor and statistics; ends by printing the
-# path of runs/demo/report.html and the top findings.
+# path of runs/demo/report.html and the top findings (--overwrite: each demo replaces the last one).
 demo: $(VENV)/.installed
-	$(VENV)/bin/hookscope train --out runs/demo
+	$(VENV)/bin/hookscope train --out runs/demo --overwrite
 
 # The report test opens report.html in headless Chromium; install Debian's package when it is missing
 # (as root, like CI). When that is impossible the browser test is skipped and says why.

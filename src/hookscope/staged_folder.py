@@ -1,22 +1,30 @@
-"""A folder written under a hidden partial name and renamed into place once complete.
+"""A folder written under a hidden partial name, renamed into place once complete, and owned by what made it.
 
 Run folders (the :class:`~hookscope.callbacks.RunFolder` callback, ``hookscope train``) and the output
-of ``hookscope inspect`` are written this way, so a crash never leaves a folder that looks complete.
-Layout of ``runs/<name>/`` after a fit with ``RunFolder`` (or ``hookscope train``)::
+of ``hookscope inspect`` are written this way. Layout of ``runs/<name>/`` after a fit with ``RunFolder``
+(or ``hookscope train``)::
 
-    config.json     every option, the command line, library versions, start and end time
+    .hookscope      the marker: which kind of folder hookscope wrote here ("train" or "inspect")
+    config.json     every option, the command line, library versions, start and end time, status
     metrics.csv     per-epoch rows and per-step rows at a bounded rate (column ``kind``)
     metrics.jsonl   the same rows, one JSON object per line
     findings.json   the doctor's findings
     summary.txt     the model summary table; summary.json the same rows for the report
-    checkpoints/    final.pt and best.pt
+    checkpoints/    last.pt, best.pt, ckpt-<step>.pt
     figures/*.png   curves, statistics, gradient flow, feature maps
     report.html     the self-contained report
 
-A run is written into the hidden sibling ``.<name>.partial`` and renamed to ``<name>`` only once every
-file is there, so a folder called ``<name>`` is always complete; an interrupted run stays ``.partial`` and
-``hookscope train --resume`` (or ``fit(resume=...)`` with the same ``RunFolder``) continues it. Every
-single file is written atomically too (``hookscope.atomic``), so a reader never sees half a file.
+Nothing is lost:
+
+- A run is written into the hidden sibling ``.<name>.partial`` and renamed to ``<name>`` only once every
+  file is there, so a folder called ``<name>`` is always complete.
+- A folder is replaced only when hookscope wrote it (its ``.hookscope`` marker), it is of the same kind,
+  and the caller said so (``overwrite``); a folder hookscope did not write, or the folder the user is in,
+  is never replaced.
+- An interrupted run stays ``.<name>.partial``; starting the same run again refuses and says how to resume
+  it (or start over with ``overwrite``) instead of deleting it.
+- Resuming a finished run copies it with hard links (the files are replaced atomically, never written in
+  place, so the original stays intact until the resumed run finishes).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG = "config.json"
+MARKER = ".hookscope"
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -50,6 +59,25 @@ def read_json(path: str | Path) -> Any:
         raise RunFolderError(f"{path} is not valid JSON ({err}); rerun the command that wrote it") from None
 
 
+def folder_kind(folder: Path) -> str | None:
+    """The kind hookscope recorded in ``folder`` ("train", "inspect"), or None when hookscope did not write
+    it. Run folders from before the marker are known by their config.json naming hookscope's version."""
+    marker = _read(folder / MARKER)
+    if marker is not None:
+        return marker.get("kind")
+    config = _read(folder / CONFIG)
+    return "train" if config is not None and "hookscope" in config.get("versions", {}) else None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when it is missing, unreadable or not an object."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 class StagedFolder:
     """Where one run writes its files: ``path`` is the hidden partial folder until :meth:`finish`."""
 
@@ -60,25 +88,76 @@ class StagedFolder:
     @staticmethod
     def paths(out: str | Path) -> tuple[Path, Path]:
         """``(final, partial)`` for ``out``, which may name either of them."""
-        given = Path(out).expanduser().absolute()
+        given = _absolute(out)
         if given.name.startswith(".") and given.name.endswith(PARTIAL_SUFFIX):
             return given.with_name(given.name[1 : -len(PARTIAL_SUFFIX)]), given
         return given, _partial_path(given)
 
-    @staticmethod
-    def check(out: str | Path) -> None:
-        """Refuse ``out`` when it exists and holds anything but a hookscope run: it would be replaced."""
-        final = Path(out).expanduser().absolute()
-        if final.exists() and not _is_replaceable(final):
+    @classmethod
+    def check_owner(cls, out: str | Path, kind: str) -> None:
+        """Refuse ``out`` when writing there could touch what hookscope did not write: the current folder
+        or one above it, a folder without hookscope's marker, or a hookscope folder of another kind."""
+        final, _ = cls.paths(out)
+        here = _absolute(Path.cwd())
+        if final == here or final in here.parents:
             raise RunFolderError(
-                f"--out {final} already exists and is not a hookscope run folder (no {CONFIG}); "
-                "choose another --out or remove it"
+                f"--out {final} is the folder you are in (or holds it); a run folder replaces its --out, "
+                "so give a new folder such as runs/<name>"
             )
+        if not final.exists() or _is_empty_dir(final):
+            return
+        owner = folder_kind(final)
+        if owner is None:
+            raise RunFolderError(
+                f"--out {final} already exists and hookscope did not write it (no {MARKER} marker); "
+                "choose another --out, or move it away yourself"
+            )
+        if owner != kind:
+            raise RunFolderError(
+                f"--out {final} holds a hookscope {owner} folder, not {kind} output; choose another --out"
+            )
+
+    @classmethod
+    def check_start(cls, out: str | Path, kind: str, overwrite: bool = False) -> None:
+        """Refuse to start a fresh ``kind`` run at ``out`` that would replace a run (unless ``overwrite``)
+        or delete an unfinished one (it can be resumed instead)."""
+        cls.check_owner(out, kind)
+        final, partial = cls.paths(out)
+        if overwrite:
+            return
+        if kind == "train" and (partial / CONFIG).is_file():
+            raise RunFolderError(
+                f"{partial} holds an unfinished run of --out {final}; continue it with "
+                f"`hookscope train --resume {partial}` (Python: fit(n, resume='{partial}')), or start over "
+                "with --overwrite (Python: RunFolder(..., overwrite=True))"
+            )
+        if final.exists() and not _is_empty_dir(final):
+            raise RunFolderError(
+                f"--out {final} already holds a hookscope {kind} run; pass --overwrite to replace it "
+                "(Python: RunFolder(..., overwrite=True)), or choose another --out"
+            )
+
+    @classmethod
+    def start(cls, out: str | Path, kind: str = "train", overwrite: bool = False) -> StagedFolder:
+        """Begin a fresh ``kind`` run that will end up at ``out`` (see :meth:`check_start`); with
+        ``overwrite`` an older run there is replaced at :meth:`finish` and an unfinished one discarded."""
+        cls.check_start(out, kind, overwrite)
+        final, partial = cls.paths(out)
+        try:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)
+            (partial / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise RunFolderWriteError(
+                f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
+            ) from None
+        return cls(final, partial)
 
     @staticmethod
     def check_run(run_dir: str | Path) -> Path:
         """``run_dir`` as an absolute path, when it holds a run to continue; else a one-line refusal."""
-        given = Path(run_dir).expanduser().absolute()
+        given = _absolute(run_dir)
         if not (given / CONFIG).is_file():
             raise RunFolderError(
                 f"--resume {given} is not a hookscope run folder (no {CONFIG}); "
@@ -87,32 +166,12 @@ class StagedFolder:
         return given
 
     @classmethod
-    def start(cls, out: str | Path) -> StagedFolder:
-        """Begin a fresh run that will end up at ``out``; a stale partial folder of ``out`` is discarded.
-
-        ``out`` may already hold an older complete run (it is replaced at :meth:`finish`), but not
-        unrelated files: that would be destroyed, so it is refused.
-        """
-        final = Path(out).expanduser().absolute()
-        cls.check(final)
-        partial = _partial_path(final)
-        try:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)
-            _check_writable(partial)
-        except OSError as err:
-            raise RunFolderWriteError(
-                f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
-            ) from None
-        return cls(final, partial)
-
-    @classmethod
     def resume(cls, run_dir: str | Path) -> StagedFolder:
         """Continue the run in ``run_dir``: an interrupted ``.<name>.partial`` folder or a finished one.
 
-        A finished run is copied to its partial folder first, so it stays intact until the resumed
-        run finishes.
+        A finished run is copied to its partial folder first, with hard links where the file system
+        allows (files are replaced, never written in place), so it stays intact until the resumed run
+        finishes and the copy costs no disk.
         """
         given = cls.check_run(run_dir)
         final, partial = cls.paths(given)
@@ -121,7 +180,7 @@ class StagedFolder:
         try:
             if partial.exists():
                 shutil.rmtree(partial)
-            shutil.copytree(given, partial)
+            shutil.copytree(given, partial, copy_function=_link_or_copy)
         except OSError as err:
             raise RunFolderWriteError(
                 f"cannot copy {given} to {partial} to resume ({err.strerror or err}); check permissions"
@@ -153,19 +212,22 @@ class StagedFolder:
         return self.final
 
 
+def _absolute(path: str | Path) -> Path:
+    """``path`` made absolute with ``..`` and ``.`` folded in (symbolic links are left as they are)."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def _partial_path(final: Path) -> Path:
     return final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
 
 
-def _is_replaceable(final: Path) -> bool:
-    """An empty folder or an earlier run folder may be replaced; anything else is the user's."""
-    if not final.is_dir():
-        return False
-    return (final / CONFIG).is_file() or not any(final.iterdir())
+def _is_empty_dir(folder: Path) -> bool:
+    return folder.is_dir() and not any(folder.iterdir())
 
 
-def _check_writable(folder: Path) -> None:
-    """mkdir can succeed where writing files fails (read-only bind mounts); find out now, not at the end."""
-    probe = folder / ".write-probe"
-    probe.write_bytes(b"")
-    probe.unlink()
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link ``src`` to ``dst`` (no disk used), or copy it where links are not possible."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

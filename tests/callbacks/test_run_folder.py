@@ -135,7 +135,7 @@ def test_an_unrelated_folder_is_refused_before_anything_trains(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(RunFolderError, match="not a hookscope run folder"):
+    with pytest.raises(RunFolderError, match="hookscope did not write it"):
         RunFolder(mine)
     assert (mine / "notes.txt").read_text() == "keep me"
 

@@ -267,7 +267,8 @@ def _print_finding(finding: Finding) -> None:
     from rich.console import Console  # loaded on the first finding, not with hookscope
 
     style = _SEVERITY_STYLE.get(finding.severity, "")
-    Console(stderr=True, highlight=False).print(f"Doctor {finding}", style=style, markup=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # one finding, one line, in any log
+    console.print(f"Doctor {finding}", style=style, markup=False)
 
 
 def _layer_gradients(

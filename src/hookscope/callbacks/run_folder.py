@@ -15,6 +15,7 @@ around a Learner.
 
 from __future__ import annotations
 
+import os
 import platform
 import shlex
 import sys
@@ -30,6 +31,7 @@ import torch
 from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
+from hookscope.callbacks.doctor_rules import Finding
 from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.lr_finder import LRFinder
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
@@ -40,6 +42,7 @@ from hookscope.train.callback import Callback, flatten
 from hookscope.train.learner import split_batch
 
 SEVERITY_RANK = {"error": 2, "warning": 1, "info": 0}
+KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
 
 
 class RunFolder(Callback):
@@ -50,8 +53,13 @@ class RunFolder(Callback):
     ``command``: the command line to show (default: this process's). ``checkpoints``: ``True`` adds a
     :class:`Checkpoint` writing to ``<path>/checkpoints``, a mapping passes its keyword arguments
     (``{"monitor": "valid_loss"}``). ``metrics_every``: step rows in ``metrics.csv`` every so many steps
-    (0: epochs only). ``figures=False`` skips matplotlib (the report then has tables only). A ``path``
-    holding anything but a hookscope run is refused here, with
+    (0: epochs only). ``figures=False`` skips matplotlib (the report then has tables only).
+
+    Nothing is lost (:mod:`hookscope.staged_folder`): a ``path`` that hookscope did not write, or the
+    folder you are in, is refused here; at ``fit`` an existing run at ``path`` is replaced only with
+    ``overwrite=True``, and an unfinished one is resumed (``fit(n, resume=...)``), never deleted, unless
+    ``overwrite=True``. ``publish=False`` leaves the folder under its partial name at the end of the fit
+    until :meth:`publish` is called (the command line publishes after its closing message). Refusals are
     :class:`~hookscope.staged_folder.RunFolderError`.
     """
 
@@ -65,9 +73,12 @@ class RunFolder(Callback):
         checkpoints: bool | Mapping[str, Any] = False,
         metrics_every: int = 10,
         figures: bool = True,
+        overwrite: bool = False,
+        publish: bool = True,
     ) -> None:
         self.final, self.partial = StagedFolder.paths(path)
-        StagedFolder.check(self.final)  # a folder that is not a run is refused now, before anything loads
+        StagedFolder.check_owner(self.final, KIND)  # refused now, before anything loads or trains
+        self.overwrite, self.publish_at_end = overwrite, publish
         self.config = dict(config or {})
         self.command = command if command is not None else shlex.join(["python", *sys.argv])
         self.figures = figures
@@ -112,7 +123,8 @@ class RunFolder(Callback):
         if self._sweeping:
             return
         self._write_results("stopped early" if self._cancelled else "complete")
-        self.folder.finish()
+        if self.publish_at_end:
+            self.publish()
 
     def on_failure(self, exc: BaseException) -> None:
         """Keep the partial folder, with a report saying where the fit stopped and why."""
@@ -121,21 +133,39 @@ class RunFolder(Callback):
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self._write_results(status, error=f"{type(exc).__name__}: {exc}")
 
+    def publish(self) -> Path:
+        """Rename the finished run into place (replacing the run it may replace); returns its path."""
+        return self.folder.finish()
+
+    def mark_failed(self, reason: str) -> None:
+        """Record in config.json and the report that the run is not a success (``reason``), after a fit
+        that ended normally; the folder stays partial. For callers with their own verdict (the CLI:
+        the doctor found errors)."""
+        self._write_config("failed", error=reason)
+        _try("report.html", self._write_report)
+
     # ---- writing ---------------------------------------------------------------------------------------
 
     def _stage(self) -> StagedFolder:
         """A fresh folder, or the run this fit continues (see :meth:`_continued`)."""
         continued = self._continued()
-        return StagedFolder.start(self.final) if continued is None else StagedFolder.resume(continued)
+        if continued is None:
+            return StagedFolder.start(self.final, KIND, overwrite=self.overwrite)
+        return StagedFolder.resume(continued)
 
     def _continued(self) -> Path | None:
-        """The folder of the run this fit continues: the one holding the checkpoint it resumes from, or —
-        fitting again — the folder of this callback's previous fit; None for a fresh run."""
+        """The folder of the run this fit continues; None for a fresh run.
+
+        Resuming: the folder holding the checkpoint, else (a checkpoint from elsewhere) this run's
+        unfinished or finished folder. Fitting again: the folder of this callback's previous fit.
+        """
         resumed = self.learn.resumed_from
-        if resumed is not None:
-            resumed = resumed.expanduser().absolute()
-            return next((f for f in (self.partial, self.final) if f in resumed.parents), None)
-        return self.folder.path if self.folder is not None else None
+        if resumed is None:
+            return self.folder.path if self.folder is not None else None
+        resumed = Path(os.path.abspath(resumed.expanduser()))
+        holding = next((f for f in (self.partial, self.final) if f in resumed.parents), None)
+        existing = next((f for f in (self.partial, self.final) if (f / CONFIG).is_file()), None)
+        return holding or existing
 
     def _write_results(self, status: str, error: str | None = None) -> None:
         doctor = _first(self.learn, Doctor)
@@ -199,8 +229,7 @@ class RunFolder(Callback):
         atomic_write_json(self.folder.file("summary.json"), summary_record(table))
 
     def _write_findings(self, doctor: Doctor) -> None:
-        found = sorted(doctor.findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.step))
-        atomic_write_json(self.folder.file("findings.json"), [f.to_dict() for f in found])
+        atomic_write_json(self.folder.file("findings.json"), [f.to_dict() for f in ranked(doctor.findings)])
 
     def _write_stats(self, activations: ActivationStats) -> None:
         """``stats.json``: the last recorded activation statistics of every watched layer."""
@@ -229,6 +258,11 @@ class RunFolder(Callback):
         from hookscope.viz.report import write_report
 
         write_report(self.folder.path)
+
+
+def ranked(findings: list[Finding]) -> list[Finding]:
+    """``findings`` most severe first, then by step: the order of findings.json and of the CLI's list."""
+    return sorted(findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.step))
 
 
 def summary_record(table: Summary) -> dict[str, Any]:

@@ -124,6 +124,16 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
         metavar="RUN_DIR",
         help="continue an interrupted or finished run from its last checkpoint (only --epochs may change)",
     )
+    p.add_argument(
+        "--resume-from",
+        metavar="FILE",
+        help="with --resume: continue from this checkpoint file instead of the run's newest one",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the hookscope run already in --out, or discard its unfinished run",
+    )
     p.set_defaults(handler=_handler("train"))
 
 

@@ -20,8 +20,9 @@ from torch import nn
 
 from hookscope.callbacks.clip import GradientClip
 from hookscope.callbacks.doctor import Doctor
+from hookscope.callbacks.doctor_rules import Finding
 from hookscope.callbacks.precision import MixedPrecision
-from hookscope.callbacks.run_folder import RunFolder
+from hookscope.callbacks.run_folder import RunFolder, ranked
 from hookscope.callbacks.schedule import OneCycle
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
 from hookscope.cli.options import OPTION_NAMES, TrainOptions
@@ -34,28 +35,44 @@ from hookscope.viz.report import REPORT
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train as the arguments say; the run folder is complete when this returns 0."""
+    """Train as the arguments say. The run folder replaces ``--out`` only when everything succeeded —
+    training, the report, the closing message, and no error among the doctor's findings."""
     given = {k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k, None) is not None}
     if args.no_doctor:
         given["doctor"] = False
+    if args.resume_from and not args.resume:
+        raise CommandError("--resume-from FILE needs --resume RUN_DIR (the run to continue)", USAGE_ERROR)
     if args.resume:
         options, out = _resumed(args.resume, given), args.resume
     else:
         options = TrainOptions(**given)
         out = args.out or f"runs/{_short_name(options.model)}-{datetime.now():%Y%m%d-%H%M%S}"
+        StagedFolder.check_start(out, "train", overwrite=args.overwrite)  # before any data loads
     options.out = str(StagedFolder.paths(out)[0])
     learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
     folder = learn.run_folder
+    folder.overwrite = args.overwrite
     start = time.perf_counter()
     try:
-        learn.fit(options.epochs, resume=out if args.resume else None)
+        learn.fit(options.epochs, resume=(args.resume_from or out) if args.resume else None)
     except KeyboardInterrupt:
         print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
         return 130
     except Exception as err:
         code, message = _explain(err)
         raise CommandError(message + _resume_hint(folder), code) from err
-    print(closing_words(learn, folder.path, time.perf_counter() - start))
+    findings = ranked(learn.doctor.findings) if options.doctor else None
+    errors = [f for f in findings or () if f.severity == "error"]
+    report_dir = folder.path if errors else folder.final
+    print(closing_words(learn, report_dir, time.perf_counter() - start, findings))
+    if errors:
+        reason = f"the doctor found {len(errors)} error(s): {errors[0].message}"
+        folder.mark_failed(reason)
+        raise CommandError(
+            f"{reason}; the run is kept unfinished in {folder.path} and {folder.final} is untouched; "
+            "see the findings above and report.html, fix the cause and train again (--overwrite starts over)"
+        )
+    folder.publish()
     return 0
 
 
@@ -98,12 +115,15 @@ def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -
     if options.doctor:
         cbs.append(Doctor())
     checkpoints = {"monitor": "valid_loss", "sigint": True}
-    cbs.append(RunFolder(out, config=asdict(options), command=command, checkpoints=checkpoints))
+    cbs.append(
+        RunFolder(out, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)
+    )
     return cbs
 
 
-def closing_words(learn: Learner, run_dir: Path, seconds: float) -> str:
-    """What ``hookscope train`` prints at the end: the report's path, the final metrics, the top findings."""
+def closing_words(learn: Learner, run_dir: Path, seconds: float, findings: list[Finding] | None) -> str:
+    """What ``hookscope train`` prints at the end: the report's path, the final metrics, and the top
+    ``findings`` (most severe first; None: the doctor was off)."""
     lines = [f"report: {run_dir / REPORT}"]
     history = learn.recorder.history
     if history:
@@ -112,14 +132,12 @@ def closing_words(learn: Learner, run_dir: Path, seconds: float) -> str:
             f"epoch {last['epoch'] + 1}: valid_loss {last['valid_loss']:.4f}, "
             f"accuracy {last['accuracy']:.4f} ({seconds:.1f} s)"
         )
-    doctor = getattr(learn, "doctor", None)
-    if doctor is None:
+    if findings is None:
         return "\n".join([*lines, "doctor: off (--no-doctor)"])
-    findings = read_json(run_dir / "findings.json")
     if not findings:
         return "\n".join([*lines, "doctor: no problem found"])
     lines.append("top findings:")
-    lines += [f"  [{f['severity']}] {f['module'] or '(model)'}: {f['message']}" for f in findings[:3]]
+    lines += [f"  [{f.severity}] {f.module or '(model)'}: {f.message}" for f in findings[:3]]
     return "\n".join(lines)
 
 
@@ -135,7 +153,7 @@ def _device(options: TrainOptions) -> torch.device:
 def _resume_hint(folder: RunFolder) -> str:
     """Where the unfinished run is, and the command that continues it (when a checkpoint was saved)."""
     if not (folder.path / "checkpoints" / "last.pt").is_file():
-        return ""
+        return f"; the unfinished run is kept in {folder.path}" if (folder.path / CONFIG).is_file() else ""
     return f"; the unfinished run is kept: hookscope train --resume {folder.path}"
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookscope.train.callback import flatten
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
 from hookscope.train.checkpoint.rng import capture_rng, restore_rng, rng_generators
@@ -43,8 +44,8 @@ class Resume:
     def start(cls, learn: Learner, resume: str | os.PathLike[str]) -> Resume:
         """Read the checkpoint (``"last"``: ``last.pt`` of ``learn.checkpoint``'s folder; a file; or a
         folder holding ``last.pt``) and apply what must precede ``before_fit``."""
-        file = find_latest(_resume_path(learn, resume))
-        self = cls(load_checkpoint(file), str(file))
+        file, state = load_newest(_resume_path(learn, resume))
+        self = cls(state, str(file))
         saved_n_epoch = self.state["position"]["n_epoch"]
         if saved_n_epoch != learn.n_epoch:
             warnings.warn(
@@ -115,13 +116,59 @@ def find_latest(path: str | os.PathLike[str]) -> Path:
     )
 
 
+def load_newest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``path`` names (see :func:`find_latest`) and its state.
+
+    When ``path`` is a folder and its ``last.pt`` cannot be loaded (truncated by a full disk, say), the
+    newest other checkpoint there that loads is used instead, with a warning naming both: a run is never
+    stuck on one bad file. A checkpoint file named explicitly is loaded or refused, never replaced.
+    """
+    latest = find_latest(path)
+    if latest == Path(path):
+        return latest, load_checkpoint(latest)
+    failures: list[str] = []
+    for candidate in _fallbacks(latest):
+        try:
+            state = load_checkpoint(candidate)
+        except CheckpointError as err:
+            failures.append(str(err))
+            continue
+        if failures:
+            warnings.warn(
+                f"{latest} cannot be loaded ({failures[0]}); resuming from {candidate}, the newest "
+                "checkpoint that loads",
+                stacklevel=4,
+            )
+        return candidate, state
+    raise CheckpointError(
+        f"{failures[0]}; no other checkpoint in {latest.parent} loads either — resume from a copy you "
+        "trust (hookscope train --resume-from FILE), or start over"
+    )
+
+
+def _fallbacks(latest: Path) -> list[Path]:
+    """``latest`` first, then the numbered checkpoints beside it newest first, then ``best.pt``; a file
+    linked to one already listed (``last.pt`` and ``best.pt`` are hard links) is the same bytes: skipped."""
+    numbered = sorted(latest.parent.glob("ckpt-*.pt"), reverse=True)
+    best = latest.parent / "best.pt"
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for candidate in [latest, *numbered, *([best] if best.is_file() else [])]:
+        stat = candidate.stat()
+        if (stat.st_dev, stat.st_ino) not in seen:
+            seen.add((stat.st_dev, stat.st_ino))
+            found.append(candidate)
+    return found
+
+
 def _resume_path(learn: Learner, resume: str | os.PathLike[str]) -> Path:
     if resume != "last":
         return Path(resume)
-    folder = getattr(getattr(learn, "checkpoint", None), "dir", None)
+    checkpoint = next((cb for cb in flatten(learn.cbs) if cb.name == "checkpoint"), None)
+    folder = getattr(checkpoint, "dir", None)
     if folder is None:
         raise ValueError(
             "fit(resume='last') reads last.pt from the Checkpoint callback's folder, but this Learner has "
             "no Checkpoint callback; add cbs=[hs.callbacks.Checkpoint(dir)] or pass resume=PATH"
         )
-    return Path(folder) / "last.pt"
+    return Path(folder)  # a folder, so that an unreadable last.pt falls back to an older checkpoint
