@@ -30,13 +30,15 @@ from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import to_host
 from hookscope.train.callback import Callback
-from hookscope.train.data import DataLoaders
+from hookscope.train.data import DataLoaders, require_batches
 from hookscope.train.events import CancelFitException
 from hookscope.train.learner import Learner
 
 _SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
-_ONCE_PER_RUN = frozenset({"exploding_gradient", "vanishing_gradient", "loss_divergence", "nonfinite"})
+_ONCE_PER_RUN = frozenset(
+    {"exploding_gradient", "vanishing_gradient", "loss_divergence", "nonfinite", "nonfinite_validation"}
+)
 _SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
@@ -69,7 +71,11 @@ class Doctor(Callback):
             raise ValueError(f"Doctor: every={every}, check_every={check_every}; both must be >= 1")
         self.thresholds = thresholds or Thresholds()
         self.check_every, self.quiet, self.max_print = check_every, quiet, max_print
-        self.activations = ActivationStats(select=select, every=every, read_every=check_every)
+        # include_valid: one record per validation phase, whose non-finite counts name the layer that
+        # first made a NaN/Inf on the validation data (read in the bulk transfers of check()).
+        self.activations = ActivationStats(
+            select=select, every=every, include_valid=True, read_every=check_every
+        )
         self.gradients = GradientStats(every=every, select=select, output_grads=True, read_every=check_every)
         self.guard = NonFiniteGuard(quiet=True) if guard else None
         self.findings: list[Finding] = []
@@ -82,6 +88,9 @@ class Doctor(Callback):
         self._kinds: dict[str, str] = {}
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._loss_history: list[tuple[int, float]] = []
+        self._valid_losses: list[torch.Tensor] = []
+        self._pending_valid: list[tuple[int, int, torch.Tensor]] = []
+        self._valid_phases: list[tuple[int, int, int]] = []
         self._steps_since_check = 0
 
     @property
@@ -105,6 +114,18 @@ class Doctor(Callback):
     def after_loss(self) -> None:
         if self.learn.training:
             self._losses.append((self.learn.training_step, self.learn.loss.detach().float()))
+        else:
+            self._valid_losses.append(self.learn.loss)
+
+    def before_validate(self) -> None:
+        self._valid_losses = []
+
+    def after_validate(self) -> None:
+        """Count the phase's non-finite batch losses on the device; :meth:`check` reads the count."""
+        losses, self._valid_losses = self._valid_losses, []
+        if losses:
+            bad = torch.stack([loss.float().sum() for loss in losses]).isfinite().logical_not().sum()
+            self._pending_valid.append((self.learn.training_step, len(losses), bad))
 
     def after_batch(self) -> None:
         if not self.learn.training:
@@ -168,6 +189,7 @@ class Doctor(Callback):
             *rules.saturation(self._saturation_history, self._kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, matrices, th),
+            *rules.nonfinite_validation(self._valid_phases, self.activations.valid_history),
         ]
         return self._report(found)
 
@@ -226,15 +248,18 @@ class Doctor(Callback):
         """Turn the device-side losses and saturation shares into host numbers in one transfer."""
         losses, self._losses = self._losses, []
         shares, self._pending_saturation = self._pending_saturation, []
+        valid, self._pending_valid = self._pending_valid, []
         tensors = [torch.stack([v for _, v in losses])] if losses else []
-        tensors += [v for _, _, v in shares]
+        tensors += [v for _, _, v in shares] + [bad for _, _, bad in valid]
         if not tensors:
             return
         host = to_host(tensors)
         if losses:
             self._loss_history += [(step, float(v)) for (step, _), v in zip(losses, host.pop(0), strict=True)]
-        for (name, step, _), share in zip(shares, host, strict=True):
+        for (name, step, _), share in zip(shares, host[: len(shares)], strict=True):
             self._saturation_history[name].append((step, float(share)))
+        for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
+            self._valid_phases.append((step, batches, int(bad)))
 
     def _sizes(self) -> dict[str, int]:
         return {name: p.numel() for name, p in self.learn.model.named_parameters()}
@@ -306,6 +331,8 @@ def diagnose(
     ``learn_or_model`` is a Learner (its model, loss, optimizer factory and lr are used) or a model with
     ``loss_func``. ``data`` is a DataLoader, a ``DataLoaders``/``(train, valid)`` pair (the training loader
     is used) or one ``(inputs, targets)`` batch, repeated. The user's model and optimizer are untouched.
+    Data with no batch raises a ValueError; class-index targets that are all one class are a
+    ``label_problem`` finding.
     """
     if isinstance(learn_or_model, Learner):
         model = learn_or_model.model
@@ -320,17 +347,19 @@ def diagnose(
         )
     doctor = Doctor(quiet=quiet, check_every=max(1, min(10, steps)), **doctor_kw)
     loader = _train_loader(data)
+    require_batches(loader, "diagnose")
+    targets = _TargetRange()
     learn = Learner(
         copy.deepcopy(model),
         DataLoaders(loader, None),
         loss_func,
         opt_func,
         lr,
-        cbs=[doctor, _StopAfter(steps)],
+        cbs=[doctor, _StopAfter(steps), targets],
         progress=False,
     )
-    epochs = math.ceil(steps / max(1, len(loader)))
-    learn.fit(epochs)
+    learn.fit(math.ceil(steps / len(loader)))
+    doctor._report(targets.findings())
     return doctor.findings
 
 
@@ -343,6 +372,27 @@ class _StopAfter(Callback):
     def after_batch(self) -> None:
         if self.learn.training and self.learn.training_step >= self.steps:
             raise CancelFitException()
+
+
+class _TargetRange(Callback):
+    """The smallest and largest class index of each training batch's targets, kept on the device."""
+
+    def __init__(self) -> None:
+        self.ranges: list[torch.Tensor] = []
+
+    def before_batch(self) -> None:
+        target = self.learn.yb[0] if self.learn.training and self.learn.yb else None
+        if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() == 0:
+            return
+        self.ranges.append(torch.stack(torch.aminmax(target.reshape(-1).long())))
+
+    def findings(self) -> list[Finding]:
+        """A ``label_problem`` when every class index seen was the same (one read, after the run)."""
+        if not self.ranges:
+            return []
+        ranges = torch.stack(self.ranges)
+        low, high = torch.stack([ranges[:, 0].min(), ranges[:, 1].max()]).tolist()
+        return rules.label_problem(low, high, len(self.ranges))
 
 
 def _train_loader(data: Any) -> Any:

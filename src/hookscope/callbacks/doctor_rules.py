@@ -339,6 +339,76 @@ def nonfinite(report: Any, step: int, reason: str | None) -> list[Finding]:
     ]
 
 
+def nonfinite_validation(
+    phases: Sequence[tuple[int, int, int]], layers: dict[str, list[StepStats]]
+) -> list[Finding]:
+    """NaN/Inf on the validation data, at the first validation phase that had any.
+
+    ``phases`` holds ``(step, batches, batches whose loss was NaN/Inf)`` per validation phase; ``layers``
+    the per-phase statistics of the watched layers (model order), whose non-finite counts name the first
+    layer that output NaN/Inf. Without such a layer the validation loss itself is blamed.
+    """
+    bad_steps = [step for step, _, bad in phases if bad] + [
+        r.step for records in layers.values() for r in records if r.stats.nonfinite
+    ]
+    if not bad_steps:
+        return []
+    step = min(bad_steps)
+    counts = {name: r.stats.nonfinite for name, records in layers.items() for r in records if r.step == step}
+    blamed = next((name for name, n in counts.items() if n), "")
+    batches, bad = next(((b, n) for s, b, n in phases if s == step), (0, 0))
+    return [
+        Finding(
+            "nonfinite_validation",
+            blamed,
+            step,
+            "error",
+            f"validation at step {step}: {_where_nonfinite(blamed, counts, list(layers), bad, batches)}. "
+            "valid_loss is then NaN/Inf: no checkpoint, metric or early stop can rely on it. Usual "
+            "causes: NaN/Inf in the validation data (check torch.isfinite(x).all() over it), "
+            "preprocessing that differs from training's, or a layer that misbehaves only in eval mode "
+            "(BatchNorm running statistics); hs.find_nonfinite(model, batch) names the op.",
+            {
+                "nonfinite_values": {n: c for n, c in counts.items() if c},
+                "loss_nonfinite_batches": bad,
+                "batches": batches,
+            },
+        )
+    ]
+
+
+def _where_nonfinite(blamed: str, counts: dict[str, int], watched: list[str], bad: int, batches: int) -> str:
+    """Where the validation NaN/Inf showed first, in words."""
+    if not blamed:
+        return f"the validation loss was NaN/Inf in {bad} of {batches} batch(es)"
+    # The first watched layer sees the data itself: NaN there most likely came in with the inputs.
+    inputs = (
+        "; it is the first watched layer, so the validation inputs likely hold NaN/Inf"
+        if blamed == watched[0]
+        else ""
+    )
+    return f"layer `{blamed}` was the first to output NaN/Inf ({counts[blamed]:,} values){inputs}"
+
+
+def label_problem(lowest: float, highest: float, batches: int) -> list[Finding]:
+    """Class-index targets that were all one class in the ``batches`` seen: nothing to tell apart."""
+    if lowest != highest:
+        return []
+    cls = int(lowest)
+    return [
+        Finding(
+            "label_problem",
+            "",
+            0,
+            "error",
+            f"all targets are class {cls} in the {batches} training batch(es) seen: the loss can reach 0 "
+            "without learning anything. Check the labels (the target column, the label mapping), and "
+            "shuffle a dataset sorted by class (DataLoader(..., shuffle=True)).",
+            {"class": cls, "batches": batches},
+        )
+    ]
+
+
 def _streak(records: Sequence[Any], condition: Any) -> list[Any]:
     """The longest run of records at the END of ``records`` that satisfy ``condition``."""
     n = 0

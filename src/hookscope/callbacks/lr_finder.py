@@ -29,6 +29,7 @@ from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler, sched_exp
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import capture_rng, restore_rng, rng_generators
+from hookscope.train.data import require_batches
 from hookscope.train.events import CancelFitException, CancelValidException
 
 if TYPE_CHECKING:
@@ -178,6 +179,7 @@ def find_lr(
     show_plot: bool = False,
 ) -> LRFindResult:
     """Run an LR sweep on ``learn`` and return its result; the learner is left as it was before."""
+    require_batches(learn.dls.train, "Learner.lr_find")
     if learn.opt is None:
         learn.create_opt()
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)

@@ -60,6 +60,29 @@ def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
     )
 
 
+def require_batches(loader: Any, caller: str) -> None:
+    """Raise a one-line ``ValueError`` when the training ``loader`` yields no batch: a fit over it would
+    "succeed" without a single step (and an lr sweep would divide by its zero length)."""
+    if len(loader) > 0:
+        return
+    raise ValueError(f"{caller}: the training loader yields no batch: {_why_empty(loader)}")
+
+
+def _why_empty(loader: Any) -> str:
+    """Why ``loader`` has no batch, and the fix, as precisely as its attributes tell."""
+    dataset = getattr(loader, "dataset", None)
+    size = len(dataset) if hasattr(dataset, "__len__") else None
+    batch_size = getattr(loader, "batch_size", None)
+    if size == 0:
+        return f"its {type(dataset).__name__} holds 0 samples; give it a non-empty dataset"
+    if size is not None and getattr(loader, "drop_last", False) and batch_size and size < batch_size:
+        return (
+            f"its {size} samples are fewer than batch_size={batch_size} and drop_last=True drops them; "
+            "lower batch_size or set drop_last=False"
+        )
+    return f"the {type(loader).__name__} has length 0; give it some data"
+
+
 def can_batch_in_memory(loader: Any) -> bool:
     """True when iterating ``loader`` is equivalent to indexing its tensors (see the module docstring)."""
     return (

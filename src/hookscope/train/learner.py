@@ -26,6 +26,7 @@ from hookscope.train.data import (
     as_dataloaders,
     batch_to_device,
     can_batch_in_memory,
+    require_batches,
     to_device,
 )
 from hookscope.train.events import (
@@ -73,6 +74,7 @@ class Learner:
             raise TypeError(f"Learner: model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_func):
             raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
+        _refuse_meta(model)
         self.device = torch.device(device) if device is not None else model_device(model)
         self.model = model.to(self.device)
         self.dls = as_dataloaders(dls)
@@ -158,6 +160,7 @@ class Learner:
         ``resume`` (a checkpoint file, a folder holding ``last.pt``, or ``"last"`` for the Checkpoint
         callback's newest) continues a saved run at the batch where it stopped.
         """
+        require_batches(self.dls.train, "Learner.fit")
         added = _as_list(cbs or ())
         self.add_cbs(added)
         try:
@@ -262,7 +265,7 @@ class Learner:
         self._fire("after_pred")
         if not self.yb:
             return
-        self.loss_grad = self.loss_func(self.pred, *self.yb)
+        self.loss_grad = _checked_loss(self.loss_func(self.pred, *self.yb), self.loss_func)
         self.loss = self.loss_grad.detach()
         self._fire("after_loss")
         if not self.training:
@@ -406,6 +409,36 @@ def split_batch(batch: tuple) -> tuple[tuple, tuple]:
     if len(batch) == 1:
         return batch, ()
     return batch[:-1], batch[-1:]
+
+
+def _refuse_meta(model: nn.Module) -> None:
+    """Refuse a model whose tensors are on the meta device: they have shapes but no values to train."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    on_meta = [name for name, t in tensors if t.is_meta]
+    if not on_meta:
+        return
+    more = f" and {len(on_meta) - 5} more" if len(on_meta) > 5 else ""
+    raise ValueError(
+        f"Learner: {len(on_meta)} parameter(s)/buffer(s) of {type(model).__name__} are on the meta device "
+        f"(shapes, no values): {', '.join(on_meta[:5])}{more}; materialise them first with "
+        "model.to_empty(device='cpu' or 'cuda'), then initialise them (reset_parameters()) or load the "
+        "weights (load_state_dict)"
+    )
+
+
+def _checked_loss(loss: Any, loss_func: Callable[..., Any]) -> torch.Tensor:
+    """``loss`` if it is a tensor; else a one-line TypeError naming ``loss_func``, what it gave and the fix.
+
+    An isinstance test costs no device sync, so it runs on every batch (not just the first).
+    """
+    if isinstance(loss, torch.Tensor):
+        return loss
+    name = getattr(loss_func, "__qualname__", type(loss_func).__name__)
+    raise TypeError(
+        f"Learner: loss_func {name} returned {type(loss).__name__} ({loss!r:.40}), not a torch.Tensor; "
+        "compute the loss with torch operations and return the tensor (e.g. F.cross_entropy(pred, target)); "
+        ".item(), float() or numpy cut it from the gradient"
+    )
 
 
 def _as_list(items: Any) -> list[Any]:
