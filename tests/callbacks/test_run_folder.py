@@ -109,6 +109,7 @@ def test_resume_continues_the_same_folder_and_keeps_its_history(tmp_path):
     assert out.is_dir() and not (tmp_path / ".d.partial").exists()
     config = json.loads((out / "config.json").read_text())
     assert config["status"] == "complete" and config["started"] == started
+    assert len(config["commands"]) == 2  # the interrupted part's command and the resumed one's
     assert config["resumed_from"].endswith("last.pt")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0, 1, 2]

@@ -49,6 +49,7 @@ def test_config_records_every_option_the_command_and_versions(tmp_path):
     learn.cbs = [cb for cb in learn.cbs if not isinstance(cb, Doctor)]  # the config, not the statistics
     learn.run_folder.figures = False
     learn.fit(1)
+    assert learn.run_folder.publish() == tmp_path / "run"  # the command publishes after its closing words
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert set(config["options"]) == set(OPTION_NAMES)
     assert config["options"]["lr"] == 0.01 and config["command"] == "hookscope train --lr 0.01"

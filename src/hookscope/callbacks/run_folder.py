@@ -188,6 +188,7 @@ class RunFolder(Callback):
         config: dict[str, Any] = {
             "name": self.final.name,
             "command": self.command,
+            "commands": self._commands(),
             "options": self.config,
             "learner": _learner_facts(learn),
             "versions": versions(),
@@ -209,6 +210,12 @@ class RunFolder(Callback):
         if learn.resumed_from is not None:
             config["resumed_from"] = str(learn.resumed_from)
         atomic_write_json(self.folder.file(CONFIG), config)
+
+    def _commands(self) -> list[str]:
+        """The command of every part of the run: those of the runs it continues, then this one's."""
+        previous = self._previous
+        earlier = previous.get("commands") or ([previous["command"]] if "command" in previous else [])
+        return [*earlier, self.command]
 
     def _one_sample(self) -> Any:
         """The inputs of one validation example (training when there is none): summary and feature maps."""
