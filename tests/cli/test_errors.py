@@ -3,8 +3,12 @@ no traceback unless --debug, and no run folder left looking complete."""
 
 import subprocess
 import sys
+import warnings
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 from hookscope.cli import main
 
@@ -14,6 +18,22 @@ def run(capsys, *argv):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if not line.startswith("note:")]
     return code, lines
+
+
+def images(root, classes=("a", "b"), per_class=4):
+    """Tiny random PNGs in ``root/<class>/``."""
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+
+
+def train(capsys, tmp_path, data, *more):
+    """``hookscope train`` of a resnet18 on ``data`` for one quick epoch into ``tmp_path/run``."""
+    argv = ["--data", str(data), "--model", "resnet18", "--epochs", "1", "--batch-size", "4", "--no-doctor"]
+    argv += ["--image-size", "16"]
+    return run(capsys, "train", *argv, "--out", str(tmp_path / "run"), *more)
 
 
 def test_model_spec_that_cannot_be_imported(capsys):
@@ -117,3 +137,112 @@ def test_console_entry_exit_code_and_traceback_only_with_debug(tmp_path):
     assert plain.returncode == debug.returncode == 2
     assert plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
     assert "Traceback (most recent call last)" in debug.stderr
+
+
+def test_valid_class_that_train_lacks_is_refused(tmp_path, capsys):
+    images(tmp_path / "data" / "train", ("a", "b"))
+    images(tmp_path / "data" / "valid", ("a", "d"), per_class=1)
+    code, lines = train(capsys, tmp_path, tmp_path / "data")
+    assert code == 2 and len(lines) == 1
+    assert "data/valid: class(es) d have no folder in" in lines[0] and "data/train" in lines[0]
+    assert "add them to the training folder or remove them" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("per_class", "message"),
+    [
+        (4, "the training set holds one class only (a); a classifier needs at least two"),
+        (1, "the training set is empty (every sample went to validation); add samples"),
+    ],
+)
+def test_data_that_cannot_train_is_refused_before_training(tmp_path, capsys, per_class, message):
+    images(tmp_path / "data", ("a",), per_class=per_class)
+    code, lines = train(capsys, tmp_path, tmp_path / "data")
+    assert code == 2 and len(lines) == 1 and f"--data {tmp_path / 'data'}: {message}" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_negative_labels_are_refused_before_training(tmp_path, capsys):
+    torch.save({"x": torch.randn(8, 3, 16, 16), "y": torch.tensor([0, 1, 2, -1] * 2)}, tmp_path / "d.pt")
+    code, lines = train(capsys, tmp_path, tmp_path / "d.pt")
+    assert code == 2 and len(lines) == 1 and "d.pt: y holds the label -1; class labels must be" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_corrupt_jpeg_found_during_training_names_the_file(tmp_path, capsys):
+    images(tmp_path / "data" / "train")
+    images(tmp_path / "data" / "valid", per_class=1)
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "bad.jpg")
+    whole = (tmp_path / "bad.jpg").read_bytes()
+    (tmp_path / "data" / "train" / "a" / "bad.jpg").write_bytes(whole[: len(whole) // 2])
+    code, lines = train(capsys, tmp_path, tmp_path / "data")
+    assert code == 1 and len(lines) == 1
+    assert "cannot read " + str(tmp_path / "data" / "train" / "a" / "bad.jpg") in lines[0]
+    assert "as an image (Truncated File Read); remove or replace that file" in lines[0]
+
+
+def test_non_image_file_is_named_by_its_path(tmp_path, capsys):
+    images(tmp_path / "data")
+    (tmp_path / "data" / "b" / "notes.png").write_text("not an image")
+    code, lines = train(capsys, tmp_path, tmp_path / "data")
+    assert code == 1 and len(lines) == 1 and "BufferedReader" not in lines[0]
+    assert f"cannot read {tmp_path / 'data' / 'b' / 'notes.png'} as an image" in lines[0]
+
+
+def test_model_factory_that_raises(tmp_path, capsys):
+    (tmp_path / "net.py").write_text("def build():\n    raise ValueError('width must be even')\n")
+    code, lines = run(capsys, "summary", f"{tmp_path / 'net.py'}:build")
+    assert code == 2 and len(lines) == 1
+    assert f"model spec '{tmp_path / 'net.py'}:build': build() raised ValueError: width must be" in lines[0]
+
+
+def test_unknown_device_is_a_usage_error(tmp_path, capsys):
+    code, lines = run(capsys, "train", "--device", "tpu9", "--out", str(tmp_path / "run"))
+    assert code == 2 and len(lines) == 1
+    assert "--device tpu9: not a torch device name; use cpu, cuda or cuda:0" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_debug_shows_the_models_own_error(tmp_path, capsys):
+    (tmp_path / "vit.py").write_text(
+        "import torch\n"
+        "class ViT(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        torch._assert(x.shape[-1] == 224, 'Wrong image width! Expected 224 but got 8!')\n"
+        "def build():\n    return ViT()\n"
+    )
+    code = main(["summary", f"{tmp_path / 'vit.py'}:build", "--input-size", "1,3,8,8", "--debug"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" in err
+    assert "Expected 224 but got 8" in err.split("direct cause of the following exception")[0]
+
+
+def test_detection_model_is_not_called_unknown(capsys):
+    code, lines = run(capsys, "summary", "fasterrcnn_resnet50_fpn")
+    assert code == 2 and len(lines) == 1
+    assert "'fasterrcnn_resnet50_fpn' is a torchvision detection model, not a classifier" in lines[0]
+
+
+def test_warnings_are_one_line_in_the_commands_voice(tmp_path, capsys):
+    (tmp_path / "net.py").write_text(
+        "import warnings\nfrom torch import nn\n"
+        "def build():\n    warnings.warn('width 3 is\\nunusual')\n    return nn.Linear(3, 2)\n"
+    )
+    shown = warnings.showwarning
+    code, lines = run(capsys, "summary", f"{tmp_path / 'net.py'}:build", "--input-size", "1,3")
+    assert code == 0 and lines == ["hookscope summary: warning: width 3 is unusual"]
+    assert warnings.showwarning is shown
+
+
+def test_imagenet_weights_fine_tune_a_two_class_folder(tmp_path, capsys):
+    from torchvision.models import resnet18
+
+    torch.save(resnet18(weights=None).state_dict(), tmp_path / "imagenet.pt")
+    images(tmp_path / "data")
+    argv = ["--data", str(tmp_path / "data"), "--epochs", "1", "--batch-size", "8", "--image-size", "32"]
+    more = ["--model", "resnet18", "--weights", str(tmp_path / "imagenet.pt"), "--no-doctor"]
+    code = main(["train", *argv, *more, "--out", str(tmp_path / "run")])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--weights" in line]
+    assert code == 0 and (tmp_path / "run" / "checkpoints").is_dir()
+    assert len(notes) == 1 and "skipped fc.weight, fc.bias" in notes[0]

@@ -121,3 +121,51 @@ def test_an_input_that_does_not_fit_names_the_module_and_shape():
     expected = r"input of shape 1,3,8,8 does not fit .*'features.0.0'.*\[1, 3, 8, 8\].*in_channels=3; FIX$"
     with pytest.raises(SpecError, match=expected):
         checked_summary(model, "hookscope.models:digits_cnn", "FIX", input_size=(1, 3, 8, 8))
+
+
+def test_valid_classes_get_the_training_index_of_their_name(tmp_path):
+    _image_folder(tmp_path / "train", classes=("a", "b", "c"), per_class=2)
+    _image_folder(tmp_path / "valid", classes=("a", "c"), per_class=1)
+    data = load_data(str(tmp_path), batch_size=2, image_size=8)
+    assert data.classes == ["a", "b", "c"]
+    assert data.valid.dataset.targets == [0, 2]  # c keeps train's index 2, not valid's own 1
+
+
+def test_one_class_and_negative_labels_are_refused(tmp_path):
+    torch.save({"x": torch.randn(6, 3), "y": torch.zeros(6, dtype=torch.long)}, tmp_path / "one.pt")
+    torch.save({"x": torch.randn(6, 3), "y": torch.tensor([0, 1, -1, 0, 1, 0])}, tmp_path / "neg.pt")
+    with pytest.raises(SpecError, match=r"one.pt: the training set holds one class only \(0\)"):
+        load_data(str(tmp_path / "one.pt"))
+    with pytest.raises(SpecError, match=r"neg.pt: y holds the label -1; class labels must be 0, 1"):
+        load_data(str(tmp_path / "neg.pt"))
+
+
+def test_a_model_scoring_fewer_classes_than_the_labels_is_refused():
+    with pytest.raises(SpecError, match=r"model 'net' scores 2 classes but the labels of --data go up to 4"):
+        checked_summary(torch.nn.Linear(3, 2), "net", "FIX", example=torch.zeros(1, 3), num_classes=5)
+    checked_summary(torch.nn.Linear(3, 5), "net", "FIX", example=torch.zeros(1, 3), num_classes=5)
+
+
+def test_factory_that_raises_names_the_spec_and_its_error(tmp_path):
+    (tmp_path / "net.py").write_text("def build():\n    raise ValueError('width must be even')\n")
+    spec = f"{tmp_path / 'net.py'}:build"
+    with pytest.raises(SpecError, match=r"build\(\) raised ValueError: width must be even; fix the factory"):
+        load_model(spec)
+
+
+def test_detection_model_is_named_as_such_not_unknown():
+    with pytest.raises(SpecError, match="'fasterrcnn_resnet50_fpn' is a torchvision detection model, not a"):
+        load_model("fasterrcnn_resnet50_fpn")
+
+
+def test_imagenet_weights_fine_tune_with_a_fresh_head(tmp_path, capsys):
+    from torchvision.models import resnet18
+
+    source = resnet18(weights=None)  # the default 1000-class head, like an ImageNet checkpoint
+    torch.save(source.state_dict(), tmp_path / "imagenet.pt")
+    model = load_model("resnet18", num_classes=2, weights=tmp_path / "imagenet.pt")
+    assert torch.equal(model.conv1.weight, source.conv1.weight)
+    assert torch.equal(model.layer4[1].bn2.running_var, source.layer4[1].bn2.running_var)
+    assert model.fc.weight.shape == (2, 512)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--weights" in line]
+    assert len(notes) == 1 and "loaded 120 of 122 tensors; skipped fc.weight, fc.bias" in notes[0]

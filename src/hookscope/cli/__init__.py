@@ -16,6 +16,7 @@ import importlib
 import shlex
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 
 from hookscope._lazy import lazy_exports
@@ -35,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.command_line = shlex.join(["hookscope", *argv])
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line(args.command)
     try:
         return args.handler(args)
     except KeyboardInterrupt:
@@ -49,6 +52,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "" if args.debug else " (--debug shows the traceback)"
         print(f"hookscope {args.command}: error: {message}{hint}", file=sys.stderr)
         return code
+    finally:
+        warnings.showwarning = shown
+
+
+def _warning_line(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` printing ``hookscope <command>: warning: <message>`` on one line, in the
+    command's voice (Python's default adds the file, the line number and the source line)."""
+
+    def show(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+        text = " ".join(str(message).split())
+        print(f"hookscope {command}: warning: {text}", file=sys.stderr)
+
+    return show
 
 
 def build_parser() -> argparse.ArgumentParser:

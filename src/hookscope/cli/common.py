@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from hookscope.data.images import ImageReadError
 from hookscope.hooks.select import SelectionError
 from hookscope.specs import SpecError
 from hookscope.staged_folder import RunFolderError, RunFolderWriteError
@@ -33,6 +34,9 @@ def _explain(err: Exception) -> tuple[int, str]:
         return RUNTIME_ERROR, _one_line(str(err))
     if isinstance(err, SpecError | RunFolderError | SelectionError):
         return USAGE_ERROR, _one_line(str(err))
+    if isinstance(err, ImageReadError):
+        # Found while training (a file that went bad after the run started): a runtime failure naming it.
+        return RUNTIME_ERROR, _one_line(str(err))
     if isinstance(err, OSError) and err.filename:
         return RUNTIME_ERROR, f"cannot access {err.filename}: {err.strerror}; check the path and permissions"
     return RUNTIME_ERROR, _one_line(f"{type(err).__name__}: {err}")

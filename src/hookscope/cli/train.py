@@ -142,9 +142,20 @@ def closing_words(learn: Learner, run_dir: Path, seconds: float, findings: list[
 
 
 def _device(options: TrainOptions) -> torch.device:
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The device ``--device`` names (default cuda when available); a SpecError for one that is not here."""
+    try:
+        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as err:
+        raise SpecError(
+            f"--device {options.device}: not a torch device name; use cpu, cuda or cuda:0"
+        ) from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecError(f"--device {options.device}: no CUDA device is available here; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SpecError(
+            f"--device {options.device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+            "use --device cuda:0"
+        )
     if options.precision == "fp16" and device.type != "cuda":
         raise SpecError("--precision fp16 needs a CUDA device (it uses a gradient scaler); use bf16 on CPU")
     return device
