@@ -99,7 +99,7 @@ def test_out_that_holds_other_files_is_not_touched(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     code, lines = run(capsys, "train", "--out", str(tmp_path))
     assert code == 2
-    assert "is not a hookscope run folder" in lines[0]
+    assert "already exists and hookscope did not write it" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 

@@ -149,3 +149,31 @@ def test_when_no_checkpoint_loads_resume_from_is_offered_and_nothing_is_copied(g
     assert code == 0, err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0, 1]
+
+
+def test_resume_does_not_say_the_model_starts_from_random_weights(tmp_path, capsys):
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / "photos" / label).mkdir(parents=True)
+        for i in range(4):
+            pixels = torch.full((16, 16, 3), 30 * i + (120 if label == "b" else 0), dtype=torch.uint8)
+            Image.fromarray(pixels.numpy()).save(tmp_path / "photos" / label / f"{i}.png")
+    out = str(tmp_path / "run")
+    common = ("--model", "resnet18", "--data", str(tmp_path / "photos"), "--image-size", "32")
+    assert main(["train", *common, "--epochs", "1", "--batch-size", "4", "--no-doctor", "--out", out]) == 0
+    assert "starts from random weights" in capsys.readouterr().err
+    assert main(["train", "--resume", out, "--epochs", "2"]) == 0
+    assert "starts from random weights" not in capsys.readouterr().err
+
+
+def test_labels_the_model_has_no_output_for_are_refused_before_training(tmp_path, capsys):
+    (tmp_path / "net.py").write_text("from torch import nn\n\ndef build():\n    return nn.Linear(4, 2)\n")
+    torch.save({"x": torch.randn(40, 4), "y": torch.arange(40) % 3}, tmp_path / "data.pt")
+    out = tmp_path / "run"
+    code, _, err = run(
+        capsys, *TRAIN, "--model", f"{tmp_path / 'net.py'}:build", "--data", str(tmp_path / "data.pt"),
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 2 and len(err) == 1 and "scores 2 c" in err[0] and "give a model with 3 outputs" in err[0]
+    assert not out.exists() and not (tmp_path / ".run.partial").exists()

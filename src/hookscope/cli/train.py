@@ -87,12 +87,12 @@ def build_learner(options: TrainOptions, out: str | Path, command: str = "", res
     data = load_data(
         options.data, batch_size=options.batch_size, seed=options.seed, image_size=options.image_size
     )
-    model = load_model(
-        options.model, num_classes=data.num_classes, weights=None if resume else options.weights
-    )
+    # resuming, the weights come from the run's checkpoint: neither --weights nor the random-weights note
+    weights = None if resume else options.weights
+    model = load_model(options.model, num_classes=data.num_classes, weights=weights, quiet=resume)
     sample = next(iter(data.valid))[0][:1]
     fix = f"use --data whose samples fit {options.model}, or a --model built for them"
-    checked_summary(model, options.model, fix, example=sample)
+    checked_summary(model, options.model, fix, example=sample, num_classes=data.num_classes)
     return Learner(
         model,
         (data.train, data.valid),

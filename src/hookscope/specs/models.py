@@ -18,12 +18,17 @@ from torch import nn
 from hookscope.specs.errors import SpecError
 
 
-def load_model(spec: str, *, num_classes: int | None = None, weights: str | Path | None = None) -> nn.Module:
-    """Build the model named by ``spec``; ``num_classes`` is passed when the factory accepts it."""
+def load_model(
+    spec: str, *, num_classes: int | None = None, weights: str | Path | None = None, quiet: bool = False
+) -> nn.Module:
+    """Build the model named by ``spec``; ``num_classes`` is passed when the factory accepts it.
+
+    ``quiet`` leaves out the note that a torchvision model starts from random weights (for a caller that
+    loads its weights from elsewhere, such as a resumed run's checkpoint)."""
     if ":" in spec:
         model = _from_factory(spec, num_classes)
     else:
-        model = _from_torchvision(spec, num_classes, has_weights=weights is not None)
+        model = _from_torchvision(spec, num_classes, has_weights=quiet or weights is not None)
     if weights is not None:
         _load_weights(model, Path(weights), spec)
     return model
