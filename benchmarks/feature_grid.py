@@ -9,7 +9,7 @@ CPU time, with ``OMP_NUM_THREADS=1``) is steadier when other processes share the
 Compare two versions by running the script against each checkout's source:
 
     .venv/bin/python benchmarks/feature_grid.py                                   # this checkout
-    git worktree add --detach /tmp/before 486ed6f                                 # before one-image grids
+    git worktree add --detach /tmp/before d9047d1                                 # before one-image grids
     PYTHONPATH=/tmp/before/src .venv/bin/python benchmarks/feature_grid.py        # the other one
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/feature_grid.py --clock cpu     # on a busy machine
     .venv/bin/python benchmarks/feature_grid.py --quick                           # smoke test (2 rounds)
