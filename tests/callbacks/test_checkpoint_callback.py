@@ -259,7 +259,7 @@ def test_sigint_finishes_the_step_saves_and_raises_with_the_resume_hint(tmp_path
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     err = capsys.readouterr().err
     assert "finishing this step and saving a checkpoint" in err
-    assert "interrupted at epoch 0, step 3; checkpoint saved to" in err
+    assert "interrupted at epoch 1, step 3; checkpoint saved to" in err  # epochs read from 1
 
 
 def test_second_sigint_stops_at_once_without_saving(tmp_path, capsys):
