@@ -112,6 +112,7 @@ def corrupt(path):
     path.write_bytes(data[: len(data) // 3])
 
 
+@pytest.mark.filterwarnings("ignore:.*was saved during fit:UserWarning")  # the run is extended on purpose
 def test_an_unreadable_last_pt_falls_back_to_the_newest_checkpoint_that_loads(tmp_path, capsys):
     from torch import nn
 

@@ -5,6 +5,7 @@ first layer that output it (or the validation loss), and listed by `hookscope tr
 import json
 import math
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -107,3 +108,31 @@ def test_the_rule_takes_the_earliest_phase_and_the_first_layer_in_model_order():
     assert (finding.module, finding.step) == ("c", 5)
     assert finding.evidence == {"nonfinite_values": {"c": 1}, "loss_nonfinite_batches": 0, "batches": 3}
     assert nonfinite_validation([(5, 3, 0)], {"a": [_record(5, finite)]}) == []
+
+
+class _StopAtStep(hs.Callback):
+    """Raises after the given optimizer step: a crash right after the epoch's checkpoint was written."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def after_step(self):
+        if self.learn.training_step == self.step:
+            raise RuntimeError("stopped")
+
+
+def test_a_nan_validation_loss_seen_before_a_checkpoint_is_reported_after_the_resume(tmp_path):
+    """A NaN target: the outputs are finite, so only the Doctor's own record of the phase holds it."""
+    checkpoint = {"every_epoch": True, "sigint": False}
+    crashed = _learner(
+        "target", [Doctor(quiet=True, check_every=100), hs.callbacks.Checkpoint(tmp_path, **checkpoint)]
+    )
+    with pytest.raises(RuntimeError, match="stopped"):
+        crashed.fit(2, cbs=[_StopAtStep(7)])  # epoch 0 validated (NaN), checkpoint written, then a crash
+    assert _validation_findings(crashed) == []  # the Doctor had not checked yet when it stopped
+
+    learn = _learner(
+        "target", [Doctor(quiet=True, check_every=100), hs.callbacks.Checkpoint(tmp_path, **checkpoint)]
+    )
+    learn.fit(2, resume=tmp_path)
+    assert [f.step for f in _validation_findings(learn)] == [6]  # dated from the first part's validation

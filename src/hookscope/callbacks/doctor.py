@@ -149,8 +149,9 @@ class Doctor(Callback):
     # ---- checkpoint state ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Findings, what was already reported and printed, the loss and saturation histories (pending
-        device values read first) and the steps since the last check: a resumed run repeats nothing."""
+        """Findings, what was already reported and printed, the loss and saturation histories, the
+        validation phases' non-finite counts (pending device values read first) and the steps since the
+        last check: a resumed run repeats nothing and misses nothing."""
         self._read_own()
         return {
             "findings": [_plain(f.to_dict()) for f in self.findings],
@@ -159,6 +160,7 @@ class Doctor(Callback):
             "loss_history": _series_state(self._loss_history),
             "saturation_history": {name: _series_state(h) for name, h in self._saturation_history.items()},
             "steps_since_check": self._steps_since_check,
+            "valid_phases": [list(phase) for phase in self._valid_phases],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -169,7 +171,8 @@ class Doctor(Callback):
         self._loss_history = _series_from_state(state["loss_history"])
         self._saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
         self._steps_since_check = state["steps_since_check"]
-        self._losses, self._pending_saturation = [], []
+        self._valid_phases = [tuple(phase) for phase in state.get("valid_phases", [])]
+        self._losses, self._pending_saturation, self._pending_valid = [], [], []
 
     # ---- checking --------------------------------------------------------------------------------------
 
