@@ -1,4 +1,5 @@
-"""Shared fixtures: one ResNet34 and one ResNet18 (random weights, eval mode) and the bundled sample image.
+"""Shared fixtures: one ResNet34 and one ResNet18 (random weights, eval mode), the bundled sample image,
+and deterministic algorithms for the tests that compare resumed runs bitwise.
 
 Building a ResNet costs about a second, so each is built once per test session. Tests must not change
 their weights or mode; a test that needs to, builds its own.
@@ -33,3 +34,12 @@ def china_224() -> torch.Tensor:
 def china_64() -> torch.Tensor:
     """The same photo at 64×64: a ResNet forward ~12× cheaper, for behaviour rather than the seed's shapes."""
     return sample_image(64)
+
+
+@pytest.fixture
+def deterministic():
+    """torch's deterministic algorithms for one test (bitwise-equal resume), then the previous setting."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)

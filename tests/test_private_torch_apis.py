@@ -20,6 +20,7 @@ PRIVATE = re.compile(
     r"|hooks_dict_ref|_compiled_call_impl|_foreach|_orig_mod|_overloadpacket|_python_dispatch|_pytree"
 )
 
+
 def _private_uses(path: Path) -> list[tuple[int, str]]:
     """(line, code) of each line that names a private torch API. Comments and docstrings are prose, not
     uses, and are skipped; other strings count (``sys.modules.get("torch._dynamo...")`` is a use)."""

@@ -21,12 +21,7 @@ SCRIPT = Path(__file__).with_name("checkpoint_run.py")
 BATCHES = 5  # per epoch in tiny_learner
 
 
-@pytest.fixture(autouse=True)
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+pytestmark = pytest.mark.usefixtures("deterministic")  # bitwise-equal resume needs it (conftest.py)
 
 
 def position(path):

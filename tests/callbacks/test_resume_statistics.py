@@ -12,12 +12,7 @@ from hookscope.train.checkpoint import load_checkpoint
 EVERY_N_STEPS = 2
 
 
-@pytest.fixture(autouse=True)
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+pytestmark = pytest.mark.usefixtures("deterministic")  # bitwise-equal resume needs it (conftest.py)
 
 
 class RaiseAfter(hs.Callback):

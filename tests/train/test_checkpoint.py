@@ -22,13 +22,7 @@ from hookscope.train.checkpoint import (
     write_checkpoint,
 )
 
-
-@pytest.fixture(autouse=True)
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+pytestmark = pytest.mark.usefixtures("deterministic")  # bitwise-equal resume needs it (conftest.py)
 
 
 def draws(generator):
