@@ -191,22 +191,19 @@ class Capture:
 
     def _watch_grads(self, name: str, call: int, kind: str, value: Any) -> None:
         tensors = [t for t in tensors_in(value) if t.requires_grad]
-        if len(tensors) == 1:
-            self._hooks.tensor(tensors[0], self._guarded(lambda g: self._store(name, call, kind, g)))
-            return
-        slots: list[Any] = [None] * len(tensors)
-        for i, tensor in enumerate(tensors):
-            hook = self._guarded(lambda g, i=i: self._store_grad_slot(name, call, kind, slots, i, g))
-            self._hooks.tensor(tensor, hook)
+        kept: list[Any] = [None] * len(tensors)
 
-    def _store_grad_slot(
-        self, name: str, call: int, kind: str, slots: list[Any], i: int, grad: torch.Tensor
-    ) -> None:
-        # The record enters at the first gradient of this call (its firing position); later ones fill in.
-        first = all(slot is None for slot in slots)
-        slots[i] = self._kept_within_bound(name, kind, grad)
-        if first:
-            self._records.append(Record(name, call, kind, slots))
+        def on_grad(grads: list[Any], i: int) -> None:
+            if len(grads) == 1:
+                self._store(name, call, kind, grads[0])
+                return
+            # The record enters at the first gradient of this call (its firing position); later ones fill in.
+            first = all(slot is None for slot in kept)
+            kept[i] = self._kept_within_bound(name, kind, grads[i])
+            if first:
+                self._records.append(Record(name, call, kind, kept))
+
+        self._hooks.grads(tensors, self._guarded(on_grad))
 
     def _store(self, name: str, call: int, kind: str, value: Any) -> None:
         self._records.append(Record(name, call, kind, self._kept_within_bound(name, kind, value)))

@@ -7,7 +7,8 @@ it as a context manager), so after any exception the model carries no hookscope 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -16,6 +17,12 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookscope import compat
+from hookscope.hooks.tensors import tensors_in
+
+# fn(module, grad_input, grad_output) -> None or replacement grad_input, as for register_full_backward_hook
+BackwardHook = Callable[[nn.Module, tuple[Any, ...], tuple[Any, ...]], Any]
+# on_grad(grads, i): gradient i has just arrived in grads[i]; a tensor returned replaces it
+GradCallback = Callable[[list[Any], int], Any]
 
 
 class HookSet:
@@ -57,6 +64,51 @@ class HookSet:
         """
         return self.add(tensor.register_hook(fn))
 
+    def grads(self, tensors: Sequence[torch.Tensor], on_grad: GradCallback) -> list[Any]:
+        """Hook every tensor that requires grad; returns ``grads``, one slot per tensor, None until filled.
+
+        As backward reaches tensor ``i``, its gradient lands in ``grads[i]`` and ``on_grad(grads, i)`` runs;
+        a tensor it returns replaces that gradient. Tensors without grad keep None. A tensor modified in
+        place after this call still reports the gradient of the value it held here.
+        """
+        grads: list[Any] = [None] * len(tensors)
+
+        def arrived(grad: torch.Tensor, i: int) -> Any:
+            grads[i] = grad
+            return on_grad(grads, i)
+
+        for i, tensor in enumerate(tensors):
+            if tensor.requires_grad:
+                self.tensor(tensor, lambda grad, i=i: arrived(grad, i))
+        return grads
+
+    def backward(self, module: nn.Module, fn: BackwardHook) -> None:
+        """Register ``fn(module, grad_input, grad_output)`` like ``register_full_backward_hook``, built on
+        tensor hooks so that it also works when an in-place op follows the module.
+
+        ``grad_output`` holds the gradient of each output tensor, ``grad_input`` that of each positional
+        input tensor (None where it needs no grad), as ``torch.autograd.grad`` gives them for those tensors:
+        an input that also feeds other layers (a residual path) includes their share. ``fn`` runs once all
+        input gradients arrived (after the output gradients when no input needs grad). It may return a
+        replacement ``grad_input`` when one input needs grad; with several, the first ones already flowed on,
+        so a returned value raises ``TypeError``.
+        """
+        running: list[_BackwardCall] = []  # a stack: a module calling itself pairs each output with its call
+
+        def before(module: nn.Module, args: tuple[Any, ...]) -> None:
+            inputs = tensors_in(args)
+            call = _BackwardCall(module, fn, sum(t.requires_grad for t in inputs))
+            call.grad_input = self.grads(inputs, call.on_input)
+            running.append(call)
+
+        def after(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            call = running.pop()
+            call.grad_output = self.grads(tensors_in(output), call.on_output)
+
+        self.forward_pre(module, before)
+        # always_call: a forward that raised still pops its call off the stack
+        self.forward(module, after, always_call=True)
+
     def param(self, param: nn.Parameter, fn: Callable[[nn.Parameter], Any]) -> RemovableHandle:
         """Register ``fn(param)`` to run once ``param.grad`` has been accumulated for this backward."""
         return self.add(param.register_post_accumulate_grad_hook(fn))
@@ -89,6 +141,53 @@ class HookSet:
         tb: TracebackType | None,
     ) -> None:
         self.remove()
+
+
+@dataclass
+class _BackwardCall:
+    """One call of a module hooked by :meth:`HookSet.backward`: its gradients, filled in during backward."""
+
+    module: nn.Module
+    fn: BackwardHook
+    inputs_needing_grad: int = 0
+    grad_input: list[Any] = field(default_factory=list)
+    grad_output: list[Any] = field(default_factory=list)
+
+    def on_input(self, grads: list[Any], i: int) -> torch.Tensor | None:
+        if _arrived(grads) < self.inputs_needing_grad:
+            return None
+        return self._fire(replaceable=self.inputs_needing_grad == 1)
+
+    def on_output(self, grads: list[Any], i: int) -> None:
+        # With an input that needs grad, fn waits for it: input gradients arrive after the output ones.
+        if not self.inputs_needing_grad and _arrived(grads) == len(grads):
+            self._fire(replaceable=False)
+
+    def _fire(self, replaceable: bool) -> torch.Tensor | None:
+        result = self.fn(self.module, tuple(self.grad_input), tuple(self.grad_output))
+        if result is None:
+            return None
+        if not replaceable:
+            raise TypeError(
+                f"HookSet.backward: the hook on {type(self.module).__name__} returned a value; a replacement "
+                "grad_input is supported only when exactly one input tensor needs grad (return None instead)"
+            )
+        return _single_replacement(result, self.module)
+
+
+def _arrived(grads: list[Any]) -> int:
+    return sum(g is not None for g in grads)
+
+
+def _single_replacement(result: Any, module: nn.Module) -> torch.Tensor | None:
+    """The one gradient in ``fn``'s returned ``grad_input`` (a tuple, as torch takes it, or a bare tensor)."""
+    replacement = result[0] if isinstance(result, (tuple, list)) and len(result) == 1 else result
+    if replacement is None or isinstance(replacement, torch.Tensor):
+        return replacement
+    raise TypeError(
+        f"HookSet.backward: the hook on {type(module).__name__} must return None or a 1-tuple holding the "
+        f"replacement gradient of its input, got {type(result).__name__}"
+    )
 
 
 def _is_live(handle: RemovableHandle) -> bool:
