@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from hookscope._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from hookscope import metrics, viz
+    from hookscope import metrics, testing, viz
     from hookscope.callbacks.doctor import Finding, diagnose
     from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
     from hookscope.hooks.handles import HookSet
@@ -69,6 +69,7 @@ __all__ = [
     "read_stats",
     "select",
     "summary",
+    "testing",
     "viz",
 ]
 
@@ -108,5 +109,5 @@ __getattr__, __dir__ = lazy_exports(
         "CancelValidException": _EVENTS,
         "Learner": "hookscope.train.learner",
     },
-    submodules=("callbacks", "metrics", "viz"),
+    submodules=("callbacks", "metrics", "testing", "viz"),
 )

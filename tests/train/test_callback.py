@@ -166,3 +166,39 @@ def test_validate_reads_what_the_recorder_put_in_valid_record():
     learn.remove_cb(learn.recorder)
     with pytest.raises(RuntimeError, match="keep the Recorder"):
         learn.validate()
+
+
+def test_a_callback_class_in_cbs_is_created_with_no_arguments():
+    from hookscope.callbacks import GradientClip
+    from hookscope.train.callback import as_callbacks
+
+    clip = GradientClip(0.5)
+    cbs = as_callbacks([GradientClip, clip])
+    assert isinstance(cbs[0], GradientClip) and cbs[0].max_norm == 1.0
+    assert cbs[1] is clip
+    assert isinstance(as_callbacks(GradientClip)[0], GradientClip)
+    assert as_callbacks(None) == [] and as_callbacks(()) == []
+
+
+@pytest.mark.parametrize("item", [42, "GradientClip", int, lambda: None])
+def test_anything_else_in_cbs_is_one_type_error_naming_it(item):
+    from hookscope.train.callback import as_callbacks
+
+    with pytest.raises(TypeError, match=r"cbs: .* is not a callback; pass a Callback instance") as error:
+        as_callbacks([A(), item])
+    assert repr(item) in str(error.value)
+
+
+def test_run_before_may_be_a_bare_class_or_name_as_fastai_writes_it():
+    from hookscope.callbacks import Recorder
+    from hookscope.testing import synth_learner
+
+    class CycleGANTrainer(hs.Callback):
+        run_before = Recorder
+
+    class ByName(hs.Callback):
+        order = -30
+        run_after = "CycleGANTrainer"
+
+    learn = synth_learner(cbs=[CycleGANTrainer(), ByName()], progress=False)
+    assert _names(sort_callbacks(flatten(learn.cbs))) == ["CycleGANTrainer", "ByName", "Recorder"]

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler, TensorDataset
 
 import hookscope as hs
 from hookscope.train.data import (
@@ -146,3 +146,48 @@ def test_changing_a_batch_in_place_leaves_the_dataset_alone(shuffle):
             t.zero_()
     for t, before in zip(dataset.tensors, original, strict=True):
         assert torch.equal(t, before)
+
+
+def test_from_tensors_splits_at_random_into_train_and_valid_loaders():
+    x, y = torch.arange(100).float().unsqueeze(1), torch.arange(100)
+    dls = hs.DataLoaders.from_tensors(x, y, batch_size=16, valid_pct=0.2, seed=0)
+    train_x, train_y = dls.train.dataset.tensors
+    valid_x, valid_y = dls.valid.dataset.tensors
+    assert (len(train_y), len(valid_y)) == (80, 20)
+    assert sorted(torch.cat([train_y, valid_y]).tolist()) == list(range(100))  # every sample, once
+    assert valid_y.tolist() != list(range(80, 100))  # a random split, not the tail
+    assert torch.equal(train_x.squeeze(1).long(), train_y)  # x and y stay paired
+    assert torch.equal(valid_x.squeeze(1).long(), valid_y)
+    assert dls.train.batch_size == dls.valid.batch_size == 16
+    assert isinstance(dls.train.sampler, RandomSampler) and isinstance(dls.valid.sampler, SequentialSampler)
+    assert can_batch_in_memory(dls.train) and can_batch_in_memory(dls.valid)
+
+
+def test_from_tensors_seed_fixes_the_split_and_the_order():
+    x = torch.randn(50, 3)
+
+    def first_epoch(seed):
+        dls = hs.DataLoaders.from_tensors(x, batch_size=8, seed=seed)
+        return torch.cat([xb for (xb,) in dls.train])
+
+    assert torch.equal(first_epoch(1), first_epoch(1))
+    assert not torch.equal(first_epoch(1), first_epoch(2))
+
+
+def test_from_tensors_without_valid_or_shuffle():
+    dls = hs.DataLoaders.from_tensors(torch.arange(10), valid_pct=0, shuffle=False, batch_size=4)
+    assert dls.valid is None
+    assert isinstance(dls.train.sampler, SequentialSampler)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "valid_pct", "error", "message"),
+    [
+        ((torch.zeros(4), torch.zeros(5)), 0.2, ValueError, r"hold \[4, 5\] samples"),
+        ((torch.zeros(4), [1, 2, 3, 4]), 0.2, TypeError, "pass tensors .x, y, ....*got Tensor, list"),
+        ((torch.zeros(4),), 1.0, ValueError, r"valid_pct=1.0 must be in \[0, 1\)"),
+    ],
+)
+def test_from_tensors_refuses_with_one_message(tensors, valid_pct, error, message):
+    with pytest.raises(error, match=message):
+        hs.DataLoaders.from_tensors(*tensors, valid_pct=valid_pct)

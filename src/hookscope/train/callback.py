@@ -29,13 +29,14 @@ if TYPE_CHECKING:
 class Callback:
     """Base class: override any event method; set ``order`` / ``run_before`` / ``run_after``.
 
-    ``run_before`` and ``run_after`` hold callback classes or their names. ``run_train`` /
+    ``run_before`` and ``run_after`` hold a callback class or its name, or a tuple of them (fastai's
+    ``run_before = Recorder`` works as written). ``run_train`` /
     ``run_valid`` say whether the batch events of each phase reach this callback.
     """
 
     order: int = 0
-    run_before: tuple[type | str, ...] = ()
-    run_after: tuple[type | str, ...] = ()
+    run_before: type | str | tuple[type | str, ...] = ()
+    run_after: type | str | tuple[type | str, ...] = ()
     run_train: bool = True
     run_valid: bool = True
     learn: Learner
@@ -64,6 +65,17 @@ class Callback:
 
 class CallbackOrderError(ValueError):
     """``run_before`` / ``run_after`` constraints form a cycle."""
+
+
+def as_callbacks(items: Any) -> list[Callback]:
+    """``cbs`` as a list of callback instances; fastai's forms are all accepted: a callback, a Callback
+    class (instantiated with no arguments: ``learn.fit(3, cbs=[GradientClip])``), an iterable of them,
+    or ``None``. Anything else raises one ``TypeError`` naming it."""
+    if items is None:
+        return []
+    if isinstance(items, Callback | type) or not isinstance(items, Iterable) or isinstance(items, str):
+        items = [items]
+    return [_as_callback(item) for item in items]
 
 
 def flatten(cbs: Iterable[Callback]) -> list[Callback]:
@@ -114,6 +126,17 @@ def dispatch_table(cbs: list[Callback], *, training: bool) -> dict[str, list[Any
     return table
 
 
+def _as_callback(item: Any) -> Callback:
+    if isinstance(item, Callback):
+        return item
+    if isinstance(item, type) and issubclass(item, Callback):
+        return item()
+    raise TypeError(
+        f"cbs: {item!r} is not a callback; pass a Callback instance (GradientClip()), a Callback class "
+        "(GradientClip, created with no arguments), or a list of them"
+    )
+
+
 def _predecessors(cb: Callback, cbs: list[Callback]) -> set[int]:
     """ids of the callbacks that must run before ``cb``: those it names, and its own parts."""
     before: set[int] = {id(part) for part in cb.parts}
@@ -125,7 +148,9 @@ def _predecessors(cb: Callback, cbs: list[Callback]) -> set[int]:
     return before
 
 
-def _refers_to(refs: tuple[type | str, ...], cb: Callback) -> bool:
+def _refers_to(refs: type | str | tuple[type | str, ...], cb: Callback) -> bool:
+    if isinstance(refs, type | str):  # a single reference, as fastai writes ``run_before = Recorder``
+        refs = (refs,)
     cls = type(cb)
     return any(
         ref is cls or ref == cls.__name__ or (isinstance(ref, type) and isinstance(cb, ref)) for ref in refs

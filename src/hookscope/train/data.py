@@ -47,6 +47,38 @@ class DataLoaders:
                     f"got {type(loader).__name__}; wrap your data in torch.utils.data.DataLoader"
                 )
 
+    @classmethod
+    def from_tensors(
+        cls,
+        *tensors: torch.Tensor,
+        batch_size: int = 64,
+        valid_pct: float = 0.2,
+        shuffle: bool = True,
+        seed: int | None = None,
+    ) -> DataLoaders:
+        """Split in-memory tensors ``(x, y, ...)`` at random into a train and a valid ``DataLoader``.
+
+        ``valid_pct`` of the samples (rounded down; ``0`` for none) go to the valid loader, which is never
+        shuffled. ``seed`` fixes both the split and the train order; without it they come from torch's
+        global generator.
+        """
+        n = _common_length(tensors)
+        if not 0 <= valid_pct < 1:
+            raise ValueError(f"DataLoaders.from_tensors: valid_pct={valid_pct} must be in [0, 1)")
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        order = torch.randperm(n, generator=generator)
+        n_valid = int(n * valid_pct)
+        train_idx, valid_idx = order[n_valid:], order[:n_valid]
+        train = DataLoader(
+            TensorDataset(*(t[train_idx] for t in tensors)),
+            batch_size=batch_size,
+            shuffle=shuffle,
+            generator=generator,
+        )
+        if n_valid == 0:
+            return cls(train)
+        return cls(train, DataLoader(TensorDataset(*(t[valid_idx] for t in tensors)), batch_size=batch_size))
+
 
 def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
     """Accept ``DataLoaders`` or a ``(train, valid)`` pair."""
@@ -58,6 +90,20 @@ def as_dataloaders(dls: DataLoaders | tuple | list) -> DataLoaders:
         "Learner: dls must be hs.DataLoaders(train, valid) or a (train, valid) pair, "
         f"not {type(dls).__name__}"
     )
+
+
+def _common_length(tensors: tuple[torch.Tensor, ...]) -> int:
+    """The number of samples every tensor holds (dimension 0); refuses anything else with one message."""
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        kinds = ", ".join(type(t).__name__ for t in tensors) or "nothing"
+        raise TypeError(f"DataLoaders.from_tensors: pass tensors (x, y, ...), got {kinds}")
+    lengths = {len(t) for t in tensors}
+    if len(lengths) != 1:
+        raise ValueError(
+            f"DataLoaders.from_tensors: the tensors hold {[len(t) for t in tensors]} samples; "
+            "they must all hold the same number (dimension 0)"
+        )
+    return lengths.pop()
 
 
 def require_batches(loader: Any, caller: str) -> None:
