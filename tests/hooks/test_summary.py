@@ -501,3 +501,52 @@ def test_a_scripted_submodule_counts_in_its_parent():
     s = hs.summary(model, input_size=(2, 4))
     assert [row.name for row in s.rows] == ["", "1"]
     assert (s.rows[0].params, s.rows[0].macs) == (4 * 6 + 6, 2 * 4 * 6)
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 1))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_a_scripted_model_is_one_row_with_its_params_and_macs():
+    model = _mlp()
+    eager = hs.summary(model, input_size=(100, 128))
+    s = hs.summary(torch.jit.script(model), input_size=(100, 128))
+    assert len(s.rows) == 1
+    assert (s.rows[0].input_shapes, s.rows[0].output_shapes) == ([(100, 128)], [(100, 1)])
+    assert s.total_params == s.rows[0].params == eager.total_params == 16_705
+    assert s.total_macs == s.rows[0].macs == eager.total_macs == 100 * (128 * 64 + 64 * 128 + 128)
+    assert "TorchScript" in s.notes[0] and f"Note: {s.notes[0]}" in str(s)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_a_scripted_submodule_is_named_in_a_note():
+    model = nn.Sequential(nn.ReLU(), torch.jit.script(nn.Sequential(nn.Linear(4, 6))))
+    s = hs.summary(model, input_size=(2, 4))
+    assert len(s.notes) == 1 and "'1' is TorchScript" in s.notes[0]
+
+
+def test_lazy_parameters_that_stay_uninitialised_are_skipped_with_a_note():
+    class HalfUsed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.LazyLinear(3), nn.LazyLinear(5)
+
+        def forward(self, x):
+            return self.used(x)
+
+    s = hs.summary(HalfUsed(), input_size=(2, 4))
+    assert s.total_params == 4 * 3 + 3
+    assert s.total_macs == 2 * 4 * 3
+    assert s.notes == [
+        "2 lazy parameters/buffers are still uninitialised after the forward (their module did not run) "
+        "and are not counted: unused.weight, unused.bias"
+    ]
+    assert "Note: 2 lazy parameters" in str(s)
+
+
+@pytest.mark.parametrize("input_size", [{0: 1}, 4, (1.5, 4), [(2, 4), {0: 1}], (True, 4)])
+def test_a_malformed_input_size_is_refused_in_one_line(input_size):
+    with pytest.raises(TypeError, match=r"is not a shape; pass a tuple/list of ints") as info:
+        hs.summary(nn.Linear(4, 2), input_size=input_size)
+    assert "\n" not in str(info.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from hookscope.hooks.summary.result import Summary
 from hookscope.hooks.summary.trace import Call, Tracer, nbytes
@@ -29,8 +30,8 @@ def build_summary(
         row.macs = macs[i] // 2
         if row.call == 0:
             row.params, row.trainable_params = params.get(row.name, (0, 0))
-    unique_params = list(model.parameters())
-    unique_buffers = list(model.buffers())
+    unique_params = [p for p in model.parameters() if not is_lazy(p)]
+    unique_buffers = [b for b in model.buffers() if not is_lazy(b)]
     failed = tracer.calls[tracer.failed].row.name if raised and tracer.failed is not None else None
     return Summary(
         model_type=type(model).__name__,
@@ -44,6 +45,7 @@ def build_summary(
         input_bytes=nbytes((args, kwargs)),
         activation_bytes=sum(c.output_bytes for c in tracer.calls),
         failed_module=failed,
+        notes=[*tracer.notes, *_lazy_notes(model)],
     )
 
 
@@ -63,9 +65,24 @@ def _param_owners(model: nn.Module, listed: set[str]) -> dict[str, tuple[int, in
     """(params, trainable) per listed module name: each unique parameter goes to its nearest listed holder."""
     counts: dict[str, tuple[int, int]] = {}
     for name, p in model.named_parameters():
+        if is_lazy(p):
+            continue
         owner = name.rpartition(".")[0]
         while owner and owner not in listed:
             owner = owner.rpartition(".")[0]
         total, trainable = counts.get(owner, (0, 0))
         counts[owner] = (total + p.numel(), trainable + (p.numel() if p.requires_grad else 0))
     return counts
+
+
+def _lazy_notes(model: nn.Module) -> list[str]:
+    """A note naming the parameters and buffers still uninitialised after the forward (their module never
+    ran): they have no size yet, so the totals leave them out."""
+    lazy = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if is_lazy(t)]
+    if not lazy:
+        return []
+    shown = ", ".join(lazy[:5]) + (f", … (+{len(lazy) - 5})" if len(lazy) > 5 else "")
+    return [
+        f"{len(lazy)} lazy parameters/buffers are still uninitialised after the forward (their module did "
+        f"not run) and are not counted: {shown}"
+    ]

@@ -71,8 +71,7 @@ def _random_inputs(
     dtypes: Sequence[torch.dtype] | None,
     device: torch.device,
 ) -> tuple[torch.Tensor, ...]:
-    one_shape = all(isinstance(d, int) for d in input_size)
-    shapes = [tuple(input_size)] if one_shape else [tuple(s) for s in input_size]  # type: ignore[arg-type]
+    shapes = _shapes(input_size)
     dtypes = list(dtypes) if dtypes is not None else [_float_dtype(model)] * len(shapes)
     if len(dtypes) != len(shapes):
         raise ValueError(
@@ -83,6 +82,28 @@ def _random_inputs(
         if dtype.is_floating_point or dtype.is_complex
         else torch.zeros(shape, dtype=dtype, device=device)
         for shape, dtype in zip(shapes, dtypes, strict=True)
+    )
+
+
+def _shapes(input_size: Any) -> list[tuple[int, ...]]:
+    """The input shapes ``input_size`` gives: one tuple/list of ints, or a tuple/list of them.
+
+    Anything else (a dict, a bare int, floats) is refused: iterating it would quietly read a wrong shape.
+    """
+    if _is_shape(input_size):
+        return [tuple(input_size)]
+    if isinstance(input_size, (tuple, list)) and input_size and all(_is_shape(s) for s in input_size):
+        return [tuple(s) for s in input_size]
+    raise TypeError(
+        f"hs.summary: input_size={input_size!r} is not a shape; pass a tuple/list of ints such as "
+        "(1, 3, 224, 224), or a list of such tuples for several inputs, e.g. [(2, 5), (2, 8)]"
+    )
+
+
+def _is_shape(value: Any) -> bool:
+    """A tuple/list (``torch.Size`` included) of non-negative ints; bools are not sizes."""
+    return isinstance(value, (tuple, list)) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     )
 
 

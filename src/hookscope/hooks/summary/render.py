@@ -76,6 +76,7 @@ def _totals(summary: Summary) -> list[str]:
     if summary.failed_module is not None:
         where = repr(summary.failed_module) if summary.failed_module else "the model's own forward"
         lines.append(f"Forward failed in: {where}")
+    lines.extend(f"Note: {note}" for note in summary.notes)
     return lines
 
 

@@ -40,7 +40,8 @@ class Summary:
 
     ``failed_module`` is the qualified name of the module whose forward raised ("" for the model's own
     forward), ``None`` when the forward succeeded. ``activation_bytes`` estimates what one forward keeps for
-    backward: the bytes of every leaf module's outputs.
+    backward: the bytes of every leaf module's outputs. ``notes`` says what the numbers leave out (modules
+    that refuse hooks, parameters still lazy after the forward); they print under the totals.
     """
 
     model_type: str
@@ -54,6 +55,7 @@ class Summary:
     input_bytes: int
     activation_bytes: int
     failed_module: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def non_trainable_params(self) -> int:

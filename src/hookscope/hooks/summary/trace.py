@@ -46,9 +46,12 @@ class Tracer:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        # TorchScript modules refuse hooks: their work and parameters count in the nearest hooked ancestor.
+        # TorchScript modules refuse hooks: their work and parameters count in the nearest hooked ancestor,
+        # and a scripted model is traced as one call, opened and closed around its forward.
+        self.scripted_root = isinstance(model, torch.jit.ScriptModule)
         named = [(name, m) for name, m in model.named_modules() if not isinstance(m, torch.jit.ScriptModule)]
-        self.names = {id(m): name for name, m in named}
+        self.names = {id(m): name for name, m in named} | {id(model): ""}
+        self.notes = _script_notes(model)
         self.modules = [m for _, m in named]
         # Imported here: torch's FLOP formulas load triton where it is installed, too slow for import time.
         from hookscope.hooks.summary.flops import FlopCounter
@@ -72,7 +75,22 @@ class Tracer:
         with _eval_mode(self.model), torch.no_grad(), HookSet() as hooks:
             self._attach(hooks)
             with self.counter:
-                _forward(self.model, args, kwargs, device, model_device)
+                if self.scripted_root:
+                    self._run_as_one_call(args, kwargs, device, model_device)
+                else:
+                    _forward(self.model, args, kwargs, device, model_device)
+
+    def _run_as_one_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device, model_device: torch.device
+    ) -> None:
+        """The forward of a model that refuses hooks, recorded as the one call the hooks would record."""
+        self.open(self.model, args, kwargs)
+        output = None
+        try:
+            output = _forward(self.model, args, kwargs, device, model_device)
+            self.complete(self.model, args, kwargs, output)
+        finally:
+            self.close(self.model, args, kwargs, output)
 
     def open(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Pre-hook: start a call of ``module``, nested in the call that is running."""
@@ -123,6 +141,22 @@ class Tracer:
         while parent is not None and parent != outer:
             parent = self.calls[parent].parent
         return parent == outer
+
+
+def _script_notes(model: nn.Module) -> list[str]:
+    """One note per outermost TorchScript module: it has no hooks, so its inner calls have no rows."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return [
+            "the model is TorchScript, which refuses hooks: it is one row, with every parameter and the MACs "
+            "of the ops it ran; its submodules get no rows of their own"
+        ]
+    scripted = [name for name, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)]
+    outermost = [name for name in scripted if not any(name.startswith(f"{other}.") for other in scripted)]
+    return [
+        f"{name!r} is TorchScript, which refuses hooks: it has no row; its parameters and MACs count in "
+        "the row of its nearest listed ancestor"
+        for name in outermost
+    ]
 
 
 def shapes(obj: Any) -> list[Shape]:
