@@ -477,3 +477,60 @@ def test_model_and_loss_are_checked_up_front():
         hs.Learner(lambda x: x, _data(), nn.MSELoss(), progress=False)
     with pytest.raises(TypeError, match="loss_func must be callable"):
         hs.Learner(nn.Linear(3, 2), _data(), "mse", progress=False)
+
+
+def test_no_bar_hides_the_progress_bar_for_the_block_only():
+    console = Console(file=io.StringIO(), force_terminal=True)
+    learn = _learner(cbs=[hs.callbacks.ProgressBar(console=console)])
+    with learn.no_bar():
+        learn.fit(1)
+        assert not hasattr(learn, "progress_bar")
+    assert console.file.getvalue() == ""
+    with learn.no_mbar():
+        learn.fit(1)
+    assert console.file.getvalue() == "" and learn.progress_bar.learn is learn
+
+
+def test_to_bf16_to_fp16_and_to_fp32_add_and_remove_mixed_precision():
+    learn = _learner()
+    assert learn.to_fp16() is learn and learn.mixed_precision.requested_dtype == torch.float16
+    assert learn.to_bf16() is learn and learn.mixed_precision.requested_dtype == torch.bfloat16
+    assert sum(isinstance(cb, hs.callbacks.MixedPrecision) for cb in learn.cbs) == 1
+    learn.fit(1)
+    assert learn.training_step == 2
+    assert learn.to_fp32() is learn and not hasattr(learn, "mixed_precision")
+
+
+def test_learn_x_and_y_are_the_first_input_and_target():
+    seen = []
+
+    class XY(hs.Callback):
+        def before_batch(self):
+            seen.append(self.learn.x is self.learn.xb[0] and self.learn.y is self.learn.yb[0])
+
+    _learner(cbs=[XY()]).fit(1)
+    assert seen == [True, True, True]
+
+
+def test_remove_cb_takes_a_class_and_detaches_the_callback():
+    log = EventLog()
+    learn = _learner(cbs=[log])
+    learn.remove_cb(EventLog)
+    assert learn.cbs == [learn.recorder] and not hasattr(learn, "event_log")
+    assert log.learn is None
+
+
+def test_raw_tensors_are_refused_naming_the_loader_to_build():
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    with pytest.raises(TypeError, match=r"\(Tensor\[16, 3\], Tensor\[16\]\).*DataLoaders\.from_tensors"):
+        hs.Learner(nn.Linear(3, 2), (x, y), nn.CrossEntropyLoss(), progress=False)
+
+
+def test_training_batches_without_targets_are_refused_at_the_first_batch():
+    x = torch.randn(8, 3)
+    learn = hs.Learner(
+        nn.Linear(3, 2), (DataLoader(TensorDataset(x), batch_size=4),), nn.CrossEntropyLoss(), progress=False
+    )
+    with pytest.raises(ValueError, match=r"no targets \(one item each: \(Tensor\[4, 3\]\)\).*\(x, y\)"):
+        learn.fit(1)
+    assert learn.training_step == 0

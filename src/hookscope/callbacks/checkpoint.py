@@ -94,7 +94,7 @@ class Checkpoint(Callback):
         step_due = self.every_n_steps is not None and step % self.every_n_steps == 0
         if self._sweeping or not (self._interrupted or (step_due and step != self._last_saved_step)):
             return
-        path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter + 1, step))
+        path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter, step))
         self._stop_if_interrupted(path)
 
     def after_epoch(self) -> None:

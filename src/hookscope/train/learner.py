@@ -8,8 +8,9 @@ fire); any other exception fires ``on_failure(exc)`` on every callback and propa
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,7 @@ class Learner:
         if not callable(loss_func):
             raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
         _refuse_meta(model)
+        _refuse_raw_tensors(dls)
         self.device = torch.device(device) if device is not None else model_device(model)
         self.model = model.to(self.device)
         self.dls = as_dataloaders(dls)
@@ -122,11 +124,69 @@ class Learner:
         for cb in cbs:
             self.add_cb(cb)
 
-    def remove_cb(self, cb: Callback) -> None:
-        """Detach ``cb`` (the attribute ``learn.<cb.name>`` goes with it)."""
+    def remove_cb(self, cb: Callback | type[Callback]) -> None:
+        """Detach ``cb``, or every callback of the class ``cb`` (fastai's ``remove_cb(SomeCallback)``); the
+        attribute ``learn.<cb.name>`` and ``cb.learn`` go with it."""
+        if isinstance(cb, type):
+            for member in [c for c in self.cbs if isinstance(c, cb)]:
+                self.remove_cb(member)
+            return
         self.cbs.remove(cb)
         if getattr(self, cb.name, None) is cb:
             delattr(self, cb.name)
+        for member in flatten([cb]):
+            member.learn = None
+
+    def remove_cbs(self, cbs: Iterable[Callback | type[Callback]]) -> None:
+        for cb in list(cbs):
+            self.remove_cb(cb)
+
+    @contextlib.contextmanager
+    def no_bar(self) -> Iterator[Learner]:
+        """No progress bar inside the block (fastai's ``learn.no_bar()``); the bar comes back after it."""
+        from hookscope.callbacks.progress import ProgressBar
+
+        bars = [cb for cb in self.cbs if isinstance(cb, ProgressBar)]
+        self.remove_cbs(bars)
+        try:
+            yield self
+        finally:
+            self.add_cbs(bars)
+
+    no_mbar = no_bar  # fastai's name for hiding the epoch bar: hookscope draws one bar for both
+
+    def to_fp16(self, **mixed_precision: Any) -> Learner:
+        """Train in float16 autocast with a grad scaler (a ``MixedPrecision`` callback); returns ``self``."""
+        return self._set_precision(torch.float16, mixed_precision)
+
+    def to_bf16(self, **mixed_precision: Any) -> Learner:
+        """Train in bfloat16 autocast (a ``MixedPrecision`` callback); returns ``self``."""
+        return self._set_precision(torch.bfloat16, mixed_precision)
+
+    def to_fp32(self) -> Learner:
+        """Train in full precision again: removes the ``MixedPrecision`` callback; returns ``self``."""
+        from hookscope.callbacks.precision import MixedPrecision
+
+        self.remove_cb(MixedPrecision)
+        return self
+
+    def _set_precision(self, dtype: torch.dtype, mixed_precision: dict[str, Any]) -> Learner:
+        # Imported here: the loop (train/) must not depend on the callback catalogue at import time.
+        from hookscope.callbacks.precision import MixedPrecision
+
+        self.to_fp32()
+        self.add_cb(MixedPrecision(dtype=dtype, **mixed_precision))
+        return self
+
+    @property
+    def x(self) -> Any:
+        """The batch's (first) input, ``xb[0]`` (fastai's ``learn.x``)."""
+        return self.xb[0]
+
+    @property
+    def y(self) -> Any:
+        """The batch's target, ``yb[0]`` (fastai's ``learn.y``)."""
+        return self.yb[0]
 
     def show_training_loop(self) -> None:
         """Print the event sequence of one fit and the callbacks (in order) that run at each event."""
@@ -164,10 +224,11 @@ class Learner:
         added = _as_list(cbs or ())
         self.add_cbs(added)
         try:
-            if lr is not None:
-                self._set_lr(lr)
             if self.opt is None:
                 self.create_opt()
+            # Every fit starts from learn.lr, not where a previous schedule left the optimizer (fastai's
+            # set_hypers(lr=...)); a resumed fit then loads the checkpoint's optimizer state over it.
+            self._set_lr(self.lr if lr is None else lr)
             self.n_epoch, self.train_iter, self.pct_train = n_epoch, 0, 0.0
             self._resume = checkpoint.Resume.start(self, resume) if resume is not None else None
             self.resumed_from = Path(self._resume.source) if self._resume else None
@@ -240,6 +301,7 @@ class Learner:
         self.model.train(training)
         self._events = self._train_events if training else self._valid_events
         if training:
+            self.pct_train = (self.epoch + self._batches_done()) / self.n_epoch
             self._with_events(self._all_batches, "train", CancelTrainException)
             return
         with torch.no_grad():
@@ -254,19 +316,37 @@ class Learner:
             self.iter = i
             self.xb, self.yb = split_batch(batch)
             self.pred = self.loss_grad = self.loss = None
-            if self.training:
-                self.pct_train = (self.epoch + self.iter / self.n_iter) / self.n_epoch
-            self._with_events(self._do_batch, "batch", CancelBatchException)
-            if self.training:
-                self.train_iter += 1
+            self._one_batch()
+
+    def _one_batch(self) -> None:
+        """The batch events. The training counters count this batch before ``after_batch`` (as fastai's
+        TrainEvalCallback does): ``after_batch`` sees ``train_iter`` and ``pct_train`` counting it."""
+        try:
+            self._fire("before_batch")
+            self._do_batch()
+        except CancelBatchException:
+            self._fire("after_cancel_batch")
+        if self.training:
+            self.train_iter += 1
+            self.pct_train = (self.epoch + (self.iter + 1) / self.n_iter) / self.n_epoch
+        self._fire("after_batch")
+
+    def _batches_done(self) -> float:
+        """The fraction of this epoch's training batches already done: 0, or where a resume continues."""
+        resume = self._resume
+        done = resume.position.iter if resume is not None and resume.mid_epoch_pending else 0
+        return done / self.n_iter
 
     def _do_batch(self) -> None:
+        if self.training and not self.yb:
+            _refuse_no_targets(self.xb)
         self.pred = self.model(*self.xb)
         self._fire("after_pred")
         if not self.yb:
-            return
+            return  # a validation batch without target: nothing to score
         self.loss_grad = _checked_loss(self.loss_func(self.pred, *self.yb), self.loss_func)
-        self.loss = self.loss_grad.detach()
+        # A copy, not a view: a callback that scales loss_grad in place must not change the recorded loss.
+        self.loss = self.loss_grad.detach().clone()
         self._fire("after_loss")
         if not self.training:
             return
@@ -439,6 +519,37 @@ def _checked_loss(loss: Any, loss_func: Callable[..., Any]) -> torch.Tensor:
         "compute the loss with torch operations and return the tensor (e.g. F.cross_entropy(pred, target)); "
         ".item(), float() or numpy cut it from the gradient"
     )
+
+
+def _refuse_raw_tensors(dls: Any) -> None:
+    """Refuse tensors where loaders belong: ``Learner(model, (x, y), loss)`` would iterate their rows."""
+    items = dls if isinstance(dls, tuple | list) else (dls,)
+    if not any(isinstance(item, torch.Tensor) for item in items):
+        return
+    raise TypeError(
+        f"Learner: dls is {_describe(items)}: raw tensors, not loaders of batches; pass "
+        "hs.DataLoaders.from_tensors(x, y, batch_size=64) (or hs.DataLoaders(train_loader, valid_loader))"
+    )
+
+
+def _refuse_no_targets(xb: tuple) -> None:
+    """Refuse a training batch without target: no loss, so no step — the fit would do nothing, silently."""
+    raise ValueError(
+        f"Learner.fit: the training batches have no targets (one item each: {_describe(xb)}), so "
+        "loss_func(pred, *yb) has nothing to compare with and nothing would train; make the loader yield "
+        "(x, y) batches, e.g. hs.DataLoaders.from_tensors(x, y, batch_size=64)"
+    )
+
+
+def _describe(items: Iterable[Any]) -> str:
+    """``(Tensor[1024, 32], Tensor[1024])``: what the user gave, by type and shape."""
+    parts = [
+        f"Tensor[{', '.join(map(str, item.shape))}]"
+        if isinstance(item, torch.Tensor)
+        else type(item).__name__
+        for item in items
+    ]
+    return f"({', '.join(parts)})"
 
 
 def _as_list(items: Any) -> list[Any]:
