@@ -534,3 +534,28 @@ def test_training_batches_without_targets_are_refused_at_the_first_batch():
     with pytest.raises(ValueError, match=r"no targets \(one item each: \(Tensor\[4, 3\]\)\).*\(x, y\)"):
         learn.fit(1)
     assert learn.training_step == 0
+
+
+def test_fit_with_a_callback_class():  # article 004: learn.fit(3, cbs=[GradientClip])
+    from hookscope.callbacks import GradientClip
+    from hookscope.testing import synth_learner
+
+    learn = synth_learner()
+    learn.fit(3, cbs=[GradientClip])
+    assert len(learn.recorder.history) == 3
+    assert not any(isinstance(cb, GradientClip) for cb in learn.cbs)
+    learn.fit_one_cycle(1, cbs=GradientClip)  # a bare class, as fastai also accepts
+    assert len(learn.recorder.history) == 1
+
+
+def test_learner_cbs_class_and_bad_item():
+    from hookscope.callbacks import GradientClip, Recorder
+    from hookscope.testing import synth_learner
+
+    learn = synth_learner(cbs=[GradientClip, Recorder], progress=False)
+    assert isinstance(learn.gradient_clip, GradientClip)
+    assert sum(isinstance(cb, Recorder) for cb in learn.cbs) == 1
+    with pytest.raises(TypeError, match="cbs: 42 is not a callback"):
+        synth_learner(cbs=[42])
+    with pytest.raises(TypeError, match="cbs: 42 is not a callback"):
+        synth_learner().fit(1, cbs=[42])

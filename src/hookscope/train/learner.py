@@ -20,7 +20,7 @@ from torch import nn
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import model_device
 from hookscope.train import checkpoint
-from hookscope.train.callback import Callback, dispatch_table, flatten, sort_callbacks
+from hookscope.train.callback import Callback, as_callbacks, dispatch_table, flatten, sort_callbacks
 from hookscope.train.data import (
     DataLoaders,
     TensorBatches,
@@ -67,7 +67,7 @@ class Learner:
         opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
         lr: float = 1e-3,
         metrics: Iterable[Any] = (),
-        cbs: Iterable[Callback] = (),
+        cbs: Iterable[Callback | type[Callback]] | Callback | type[Callback] = (),
         device: torch.device | str | None = None,
         progress: bool | None = None,
     ) -> None:
@@ -97,7 +97,7 @@ class Learner:
         self._fast_sources: dict[int, TensorBatches] = {}
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
         self._resume: checkpoint.Resume | None = None
-        cbs = _as_list(cbs)
+        cbs = as_callbacks(cbs)
         defaults = _default_callbacks(progress)
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
         for cb in sort_callbacks(flatten(self.cbs)):
@@ -212,7 +212,7 @@ class Learner:
         self,
         n_epoch: int,
         lr: float | None = None,
-        cbs: Iterable[Callback] | None = None,
+        cbs: Iterable[Callback | type[Callback]] | Callback | type[Callback] | None = None,
         resume: str | Path | None = None,
     ) -> None:
         """Train for ``n_epoch`` epochs; ``cbs`` are attached for this call only (removed also on error).
@@ -221,7 +221,7 @@ class Learner:
         callback's newest) continues a saved run at the batch where it stopped.
         """
         require_batches(self.dls.train, "Learner.fit")
-        added = _as_list(cbs or ())
+        added = as_callbacks(cbs)
         self.add_cbs(added)
         try:
             if self.opt is None:
@@ -242,7 +242,7 @@ class Learner:
         self,
         n_epoch: int,
         lr_max: float | None = None,
-        cbs: Iterable[Callback] | None = None,
+        cbs: Iterable[Callback | type[Callback]] | Callback | type[Callback] | None = None,
         resume: str | Path | None = None,
         **one_cycle: Any,
     ) -> None:
@@ -250,7 +250,7 @@ class Learner:
         and defaults are those of ``torch.optim.lr_scheduler.OneCycleLR``); ``lr_max=None`` uses ``lr``."""
         from hookscope.callbacks.schedule import OneCycle
 
-        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *(cbs or ())], resume=resume)
+        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *as_callbacks(cbs)], resume=resume)
 
     def lr_find(
         self,
@@ -553,8 +553,8 @@ def _describe(items: Iterable[Any]) -> str:
 
 
 def _as_list(items: Any) -> list[Any]:
-    """A single callback or metric, or an iterable of them, as a list (fastai accepts both)."""
-    return [items] if isinstance(items, Callback) or callable(items) else list(items)
+    """A single metric, or an iterable of them, as a list (fastai accepts both)."""
+    return [items] if callable(items) else list(items)
 
 
 def _default_callbacks(progress: bool | None) -> list[Callback]:

@@ -40,8 +40,8 @@ class Position:
 def current_position(learn: Learner) -> Position:
     """The position after the last completed training batch, from ``learn.train_iter``.
 
-    Mid-batch (inside ``after_batch``) the current batch is not counted yet; the Checkpoint callback
-    passes that position itself.
+    Inside ``after_batch`` the current batch already counts (``train_iter`` advances before that event,
+    as in fastai), so a save there resumes at the next batch.
     """
     n_iter = max(len(learn.dls.train), 1)
     epoch, done = divmod(learn.train_iter, n_iter)
