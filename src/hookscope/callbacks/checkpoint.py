@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-from hookscope.callbacks.lr_finder import LRFinder
+from hookscope.callbacks.lr_finder import sweeping
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
 
@@ -77,7 +77,7 @@ class Checkpoint(Callback):
 
     def before_fit(self) -> None:
         # An LR sweep (lr_find) is not training: its weights must never become last.pt.
-        self._sweeping = any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        self._sweeping = sweeping(self.learn)
         if self._sweeping:
             return
         for stale in self.dir.glob(".*.tmp"):  # left by a process killed while writing

@@ -80,6 +80,12 @@ class LRFindResult:
         return fig
 
 
+def sweeping(learn: Learner) -> bool:
+    """True while ``learn`` runs an lr_find sweep: a throw-away copy of the run, whose steps are not the
+    run's (callbacks that write metrics, checkpoints or run folders skip it)."""
+    return any(isinstance(cb, LRFinder) for cb in learn.cbs)
+
+
 class LRFinder(Callback):
     """Set the lr to ``start_lr * (end_lr / start_lr) ** (i / (num_it - 1))`` at training batch ``i``,
     record each loss (read once per batch: the sweep needs it to stop), skip validation, and stop after

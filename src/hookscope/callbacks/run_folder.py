@@ -33,7 +33,7 @@ from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.doctor_rules import Finding
 from hookscope.callbacks.loggers.metrics import MetricsLogger
-from hookscope.callbacks.lr_finder import LRFinder
+from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
@@ -106,7 +106,7 @@ class RunFolder(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        self._sweeping = any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        self._sweeping = sweeping(self.learn)
         if self._sweeping:
             return
         self._start, self._started, self._cancelled = time.perf_counter(), _now(), False

@@ -161,10 +161,7 @@ def _add_inspect(commands: argparse._SubParsersAction, common: argparse.Argument
         description="Run MODEL on one image, capture the selected layers' outputs, and write one "
         "feature-map grid PNG per layer and an index.html.",
     )
-    p.add_argument(
-        "model", metavar="MODEL", help="torchvision name, package.module:factory or file.py:factory"
-    )
-    p.add_argument("--weights", metavar="FILE", help="a local state_dict to load (torch.save)")
+    _add_model(p)
     p.add_argument(
         "--image", default="sample", help="a PNG/JPEG file, or 'sample' for the bundled photo (default)"
     )
@@ -186,10 +183,7 @@ def _add_summary(commands: argparse._SubParsersAction, common: argparse.Argument
         help="print the layer table: shapes, parameters, MACs",
         description="Print MODEL's summary table for one input of --input-size.",
     )
-    p.add_argument(
-        "model", metavar="MODEL", help="torchvision name, package.module:factory or file.py:factory"
-    )
-    p.add_argument("--weights", metavar="FILE", help="a local state_dict to load (torch.save)")
+    _add_model(p)
     p.add_argument(
         "--input-size", default="1,3,224,224", help="input shape, comma separated (default 1,3,224,224)"
     )
@@ -205,6 +199,14 @@ def _add_report(commands: argparse._SubParsersAction, common: argparse.ArgumentP
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by hookscope train")
     p.set_defaults(handler=_handler("report"))
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """MODEL and --weights, as inspect and summary take them (train names its model with --model)."""
+    p.add_argument(
+        "model", metavar="MODEL", help="torchvision name, package.module:factory or file.py:factory"
+    )
+    p.add_argument("--weights", metavar="FILE", help="a local state_dict to load (torch.save)")
 
 
 def _positive_int(text: str) -> int:

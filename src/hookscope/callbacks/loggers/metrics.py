@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hookscope.atomic import atomic_write_text
+from hookscope.callbacks.lr_finder import sweeping
 from hookscope.train.callback import Callback
 
 LEADING_COLUMNS = ("kind", "epoch", "step")
@@ -49,7 +50,7 @@ class MetricsLogger(Callback):
 
     def after_step(self) -> None:
         step = self.learn.training_step
-        if self.every == 0 or step % self.every != 0 or self._sweeping():
+        if self.every == 0 or step % self.every != 0 or sweeping(self.learn):
             return
         lr = self.learn.opt.param_groups[0]["lr"]
         self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
@@ -58,7 +59,7 @@ class MetricsLogger(Callback):
             self.write()
 
     def after_epoch(self) -> None:
-        if self._sweeping():
+        if sweeping(self.learn):
             return
         self._take_pending()
         row = dict(self.learn.recorder.history[-1])
@@ -68,7 +69,7 @@ class MetricsLogger(Callback):
         self.write()
 
     def after_fit(self) -> None:
-        if self._sweeping():
+        if sweeping(self.learn):
             return
         self._take_pending()
         self.write()
@@ -93,10 +94,6 @@ class MetricsLogger(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = [dict(r) for r in state["rows"]]
-
-    def _sweeping(self) -> bool:
-        # an lr_find sweep trains a throw-away copy of the run: its steps are not the run's metrics
-        return hasattr(self.learn, "lr_finder")
 
     def _take_pending(self) -> None:
         if not self._pending:
