@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(PY)
-	$(PIP) -e ".[vision,dev]"
+	$(PIP) -e ".[vision,dev,integrations,trackers,pruning,bench]"
 	touch $@ $(VENV)/.installed
 
 # `hookscope train` with its defaults: digits, a small CNN, the doctor and statistics; ends by printing the

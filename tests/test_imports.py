@@ -4,8 +4,8 @@
   libraries: matplotlib, scikit-learn, rich, torchvision, PIL... load when a feature that needs them runs.
 - ``hookscope --help`` (and each command's ``--help``) does not import torch.
 - Every module imports in a fresh interpreter as the first hookscope module (catches import cycles).
-- Layering (module-level imports, read with ``ast``): ``hooks`` imports nothing of train, callbacks,
-  viz, cli or doctor; ``train`` nothing of callbacks, viz or cli; ``callbacks`` nothing of viz or cli.
+- Layering (module-level imports, read with ``ast``): ``hooks`` ← ``doctor`` ← ``train`` ← ``callbacks``
+  ← ``viz``/``cli``; ``watch`` and ``integrations`` at the edge, imported by none of them.
   Imports inside functions and under ``if TYPE_CHECKING:`` are allowed.
 
 Each check that depends on what is already imported runs in a fresh interpreter (``subprocess``).
@@ -53,16 +53,20 @@ HEAVY = (
 # importing hookscope.__main__ runs the command
 NOT_IMPORTABLE_ALONE = {"hookscope.__main__"}
 
+# hs.watch and the framework integrations sit at the edge: they may use every layer, none uses them.
+EDGE = ("hookscope.watch", "hookscope.integrations")
 LAYERS = {
     "hookscope.hooks": (
+        *EDGE,
         "hookscope.train",
         "hookscope.callbacks",
         "hookscope.viz",
         "hookscope.cli",
         "hookscope.doctor",
     ),
-    "hookscope.train": ("hookscope.callbacks", "hookscope.viz", "hookscope.cli"),
-    "hookscope.callbacks": ("hookscope.viz", "hookscope.cli"),
+    "hookscope.doctor": ("hookscope.train", "hookscope.callbacks", "hookscope.viz", "hookscope.cli", *EDGE),
+    "hookscope.train": ("hookscope.callbacks", "hookscope.viz", "hookscope.cli", *EDGE),
+    "hookscope.callbacks": ("hookscope.viz", "hookscope.cli", *EDGE),
 }
 
 

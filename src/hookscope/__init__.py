@@ -11,7 +11,8 @@ from hookscope._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from hookscope import metrics, testing, viz
-    from hookscope.callbacks.doctor import Finding, diagnose
+    from hookscope.callbacks.doctor import diagnose
+    from hookscope.doctor.findings import Finding
     from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
     from hookscope.hooks.handles import HookSet
     from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
@@ -77,7 +78,7 @@ _EVENTS = "hookscope.train.events"
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "Finding": "hookscope.callbacks.doctor",
+        "Finding": "hookscope.doctor.findings",
         "diagnose": "hookscope.callbacks.doctor",
         "Capture": "hookscope.hooks.capture",
         "CaptureLimitError": "hookscope.hooks.capture",

@@ -5,7 +5,6 @@ import math
 import torch
 
 from hookscope.callbacks.doctor_rules import (
-    Thresholds,
     dead_units,
     exploding_gradient,
     loss_divergence,
@@ -14,6 +13,7 @@ from hookscope.callbacks.doctor_rules import (
     vanishing_gradient,
 )
 from hookscope.callbacks.monitor import ParamRecord, StepStats
+from hookscope.doctor.findings import Thresholds
 from hookscope.hooks.stats import RunningStats
 
 TH = Thresholds()

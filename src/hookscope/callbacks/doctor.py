@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from hookscope.callbacks import doctor_rules as rules
-from hookscope.callbacks.doctor_rules import Finding, Thresholds
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord
+from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import to_host

@@ -12,63 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hookscope.callbacks.monitor import ParamRecord, StepStats
-
-SEVERITIES = ("info", "warning", "error")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis: ``kind`` (e.g. ``"dead_units"``), the qualified ``module`` name, the training ``step``
-    since which it holds, ``severity`` (info/warning/error), a plain-words ``message`` and the numbers
-    behind it (``evidence``)."""
-
-    kind: str
-    module: str
-    step: int
-    severity: str
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers for findings.json."""
-        return asdict(self)
-
-    def __str__(self) -> str:
-        return f"[{self.severity}] {self.kind}: {self.message}"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When a rule fires. ``patience``: consecutive recorded steps a condition must hold.
-
-    - ``dead_fraction``: share of a layer's units (channels, dim 1) whose output is exactly 0 for a whole
-      batch. Healthy ReLU layers stay well below 0.3.
-    - ``saturated_fraction`` of tanh/sigmoid outputs within ``saturation_margin`` of their bounds.
-    - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10).
-    - ``exploding_growth``: the gradient flowing out of a layer (RMS per value) over the one at the last
-      layer; a healthy initialisation keeps it near or below 1.
-    - ``vanishing_ratio``: a layer's gradient RMS (per value) below this fraction of the largest layer's.
-    - ``update_high`` / ``update_low``: ``||Δw|| / ||w||`` per step of weight matrices (healthy ~1e-3;
-      Adam at lr 1e-2 on a small layer gives ~5e-2).
-    - ``divergence_factor``: the loss (mean of ``loss_window`` steps) above this multiple of its best
-      value so far, and above its starting value.
-    """
-
-    patience: int = 3
-    dead_fraction: float = 0.5
-    saturated_fraction: float = 0.5
-    saturation_margin: float = 0.01
-    exploding_norm: float = 1e3
-    exploding_growth: float = 1e2
-    vanishing_ratio: float = 1e-4
-    update_high: float = 0.3
-    update_low: float = 1e-7
-    divergence_factor: float = 4.0
-    loss_window: int = 3
+from hookscope.doctor.findings import Finding, Thresholds
 
 
 def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:

@@ -31,10 +31,10 @@ import torch
 from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
-from hookscope.callbacks.doctor_rules import Finding
 from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.doctor.findings import Finding
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json

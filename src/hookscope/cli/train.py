@@ -20,12 +20,12 @@ from torch import nn
 
 from hookscope.callbacks.clip import GradientClip
 from hookscope.callbacks.doctor import Doctor
-from hookscope.callbacks.doctor_rules import Finding
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.run_folder import RunFolder, ranked
 from hookscope.callbacks.schedule import OneCycle
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
 from hookscope.cli.options import OPTION_NAMES, TrainOptions
+from hookscope.doctor.findings import Finding
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json

@@ -1,0 +1,1 @@
+"""The doctor's engine: findings, rules and the statistics they read, independent of any training loop."""
