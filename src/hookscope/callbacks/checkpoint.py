@@ -9,6 +9,10 @@ Ctrl-C during ``fit`` does not kill the step half-way: the first press asks for 
 training batch (or the epoch's validation) finishes, a checkpoint is written, the resume command is printed
 and ``KeyboardInterrupt`` is raised (exit code non-zero). A second press stops at once without saving.
 An LR sweep (``lr_find``) writes nothing.
+
+Under torchrun every rank saves together (each rank's RNGs go into the file), rank 0 writes, and a Ctrl-C
+(torchrun passes it to every rank) stops all ranks after the same step: whether any rank was interrupted
+is all-reduced once per step while ``sigint`` is on.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from hookscope.callbacks.lr_finder import sweeping
+from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
 
@@ -80,7 +87,7 @@ class Checkpoint(Callback):
         self._sweeping = sweeping(self.learn)
         if self._sweeping:
             return
-        for stale in self.dir.glob(".*.tmp"):  # left by a process killed while writing
+        for stale in self.dir.glob(".*.tmp") if distributed.is_rank_zero() else ():  # a killed write's
             stale.unlink(missing_ok=True)
         self._check_monitor()
         self._interrupted = self._stopped = False
@@ -92,7 +99,7 @@ class Checkpoint(Callback):
         learn = self.learn
         step = learn.training_step
         step_due = self.every_n_steps is not None and step % self.every_n_steps == 0
-        if self._sweeping or not (self._interrupted or (step_due and step != self._last_saved_step)):
+        if self._sweeping or not (self._stop_requested() or (step_due and step != self._last_saved_step)):
             return
         path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter, step))
         self._stop_if_interrupted(path)
@@ -102,10 +109,10 @@ class Checkpoint(Callback):
             return
         learn = self.learn
         improved = self._improved()
-        if not (self.every_epoch or improved or self._interrupted):
+        if not (self.every_epoch or improved or self._stop_requested()):
             return
         path = self._save(Position(learn.epoch + 1, 0, learn.train_iter, learn.training_step))
-        if improved:
+        if improved and distributed.is_rank_zero():
             link_atomic(path, self.dir / "best.pt")
         self._stop_if_interrupted(path)
 
@@ -117,7 +124,7 @@ class Checkpoint(Callback):
         if self._stopped:
             return  # our own stop after a Ctrl-C: the hint is already printed
         last = self.dir / "last.pt"
-        if last.is_file():
+        if last.is_file() and distributed.is_rank_zero():
             print(
                 f"hookscope: training stopped by {type(exc).__name__}; the newest complete checkpoint is "
                 f"{last} — resume with learn.fit({self.learn.n_epoch}, resume={str(last)!r})",
@@ -135,8 +142,10 @@ class Checkpoint(Callback):
     def _save(self, position: Position) -> Path:
         """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``."""
         path = save_learner(self.learn, self.dir / f"ckpt-{position.training_step:08d}.pt", position)
-        link_atomic(path, self.dir / "last.pt")
         self._last_saved_step = position.training_step
+        if not distributed.is_rank_zero():  # rank 0 writes; the others took part in save_learner
+            return path
+        link_atomic(path, self.dir / "last.pt")
         for old in sorted(self.dir.glob("ckpt-*.pt"))[: -self.keep_last]:
             old.unlink(missing_ok=True)
         return path
@@ -164,11 +173,19 @@ class Checkpoint(Callback):
                 f"(available: {', '.join(available)}); pass one of those"
             )
 
+    def _stop_requested(self) -> bool:
+        """Whether Ctrl-C reached this rank — under torchrun, any rank: all must save the same step."""
+        if self.sigint and distributed.is_distributed():
+            self._interrupted = bool(distributed.any_rank(torch.tensor(self._interrupted)))
+        return self._interrupted
+
     def _on_sigint(self, signum: int, frame: object) -> None:
         if self._interrupted:
             raise KeyboardInterrupt("second Ctrl-C: stopped at once, without a checkpoint of this step")
         self._interrupted = True
         finishing = "this step" if self.learn.training else "this epoch's validation"
+        if not distributed.is_rank_zero():
+            return
         print(
             f"hookscope: Ctrl-C — finishing {finishing} and saving a checkpoint (press Ctrl-C again to "
             "stop at once without saving)",
@@ -188,7 +205,8 @@ class Checkpoint(Callback):
             f"To continue, repeat the same fit call with resume={last!r}, e.g. "
             f"learn.fit({learn.n_epoch}, resume={last!r})"
         )
-        print(f"hookscope: {message}", file=sys.stderr, flush=True)
+        if distributed.is_rank_zero():
+            print(f"hookscope: {message}", file=sys.stderr, flush=True)
         self._stopped = True
         raise KeyboardInterrupt(message)
 

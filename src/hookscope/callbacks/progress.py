@@ -30,6 +30,7 @@ class ProgressBar(Callback):
     """One bar for the epochs and one for the batches of the current phase; a line per finished epoch."""
 
     order = 90
+    rank_zero_only = True  # under torchrun one bar, not one per rank
 
     def __init__(self, refresh_every: float = 0.5, console: Console | None = None) -> None:
         self.refresh_every = refresh_every

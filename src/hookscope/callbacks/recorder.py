@@ -3,6 +3,11 @@
 Each step only keeps a reference to the (device) loss tensor and the batch size. The epoch's weighted means
 and the metrics are reduced on the device and read back in one transfer at the end of the epoch; the
 smoothed loss is computed when someone asks for it (the progress bar, at a bounded rate).
+
+Under torchrun the epoch's losses and metrics are global: each rank's sample-weighted sums and sample
+counts are added over ranks in one all-reduce per phase, then divided (stateful metrics such as
+torchmetrics' sync themselves in ``compute``). Per-step ``losses`` and ``smooth_loss`` stay this rank's
+(reducing them would cost a sync per step).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 import torch
 
 from hookscope.metrics import is_stateful, metric_name
+from hookscope.train import distributed
 from hookscope.train.callback import Callback
 
 _CHUNK = 1024  # per-step losses are stacked into one tensor every _CHUNK steps to keep few objects alive
@@ -114,16 +120,22 @@ class Recorder(Callback):
             self._measure_metrics(learn.pred, learn.yb)
 
     def after_train(self) -> None:
-        self._train_loss = self._weighted_mean(self._phase_losses, self._phase_sizes)
+        self._train_loss = self._weighted_means([self._phase_losses], self._phase_sizes)[0]
         # emptied so that a phase cancelled before the Recorder sees it records nothing
         self._phase_losses, self._phase_sizes = [], []
 
     def after_validate(self) -> None:
         self._valid = self._unmeasured_valid()
-        if self._phase_sizes:
-            self._valid["valid_loss"] = self._weighted_mean(self._phase_losses, self._phase_sizes)
-            for metric, values in zip(self.learn.metrics, self._metric_values, strict=True):
-                self._valid[metric_name(metric)] = self._metric_result(metric, values)
+        # Under torchrun every rank reduces (a rank with an empty shard too): a collective needs them all.
+        if self._phase_sizes or distributed.is_distributed():
+            plain = [(m, v) for m, v in zip(self.learn.metrics, self._metric_values, strict=True)]
+            plain = [(m, v) for m, v in plain if not is_stateful(m)]
+            means = self._weighted_means([self._phase_losses, *(v for _, v in plain)], self._phase_sizes)
+            self._valid["valid_loss"] = means[0]
+            self._valid.update({metric_name(m): mean for (m, _), mean in zip(plain, means[1:], strict=True)})
+            for metric in self.learn.metrics:
+                if is_stateful(metric):
+                    self._valid[metric_name(metric)] = torch.as_tensor(metric.compute()).float().reshape(())
         self._phase_losses, self._phase_sizes = [], []
         self.learn.valid_record = dict(self._valid)
 
@@ -140,18 +152,22 @@ class Recorder(Callback):
     # ---- checkpoint state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Records so far, the moving average, and — saved mid-epoch — this epoch's training losses."""
+        """Records so far, the moving average, and — saved mid-epoch — this epoch's training losses (under
+        torchrun those of every rank, gathered: the checkpoint is saved by all ranks together)."""
         self._fold_smoothing()
         mid_train = getattr(self, "learn", None) is not None and self.learn.training
+        losses = torch.stack(self._phase_losses).tolist() if mid_train and self._phase_losses else []
+        sizes = list(self._phase_sizes) if mid_train else []
+        if distributed.is_distributed():
+            ranks = distributed.all_gather((losses, sizes))
+            losses, sizes = [x for r in ranks for x in r[0]], [n for r in ranks for n in r[1]]
         return {
             "history": [dict(row) for row in self.history],
             "losses": self.losses,
             "lrs": self.lrs,
             "smooth": {"ema": float(self._ema), "count": self._ema_count},
-            "epoch_losses": torch.stack(self._phase_losses).tolist()
-            if mid_train and self._phase_losses
-            else [],
-            "epoch_sizes": list(self._phase_sizes) if mid_train else [],
+            "epoch_losses": losses,
+            "epoch_sizes": sizes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -164,6 +180,8 @@ class Recorder(Callback):
         self._ema = torch.tensor(state["smooth"]["ema"])
         self._ema_count = state["smooth"]["count"]
         self._carried = (list(state["epoch_losses"]), list(state["epoch_sizes"]))
+        if not distributed.is_rank_zero():  # rank 0 carries every rank's losses before the save
+            self._carried = ([], [])
         self._keep_on_next_fit = True
 
     # ---- helpers -------------------------------------------------------------------------------------
@@ -222,17 +240,21 @@ class Recorder(Callback):
             else:
                 values.append(torch.as_tensor(metric(pred, *yb), device=pred.device).reshape(()))
 
-    def _metric_result(self, metric: Any, values: list[torch.Tensor]) -> torch.Tensor:
-        if is_stateful(metric):
-            return torch.as_tensor(metric.compute()).float().reshape(())
-        return self._weighted_mean(values, self._phase_sizes)
-
     def _weighted_mean(self, values: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
-        if not values:
-            return torch.tensor(math.nan, device=self.learn.device)
-        stacked = torch.stack(values).float()
-        weights = torch.tensor(sizes, dtype=torch.float32, device=stacked.device)
-        return (stacked * weights).sum() / weights.sum()
+        return self._weighted_means([values], sizes)[0]
+
+    def _weighted_means(self, columns: list[list[torch.Tensor]], sizes: list[int]) -> list[torch.Tensor]:
+        """The sample-weighted mean of each column of per-batch values (``nan`` for none), global over
+        ranks under torchrun (one all-reduce of sums and counts)."""
+        device = self.learn.device
+        weights = torch.tensor(sizes, dtype=torch.float32, device=device)
+        if sizes:
+            sums = (torch.stack([torch.stack(c).float().to(device) for c in columns]) * weights).sum(1)
+        else:
+            sums = torch.zeros(len(columns), device=device)
+        if distributed.is_distributed():
+            return list(distributed.weighted_means(sums, weights.sum()).unbind())
+        return list((sums / weights.sum()).unbind())
 
     def _unmeasured_valid(self) -> dict[str, torch.Tensor]:
         nan = torch.tensor(math.nan, device=self.learn.device)

@@ -64,6 +64,9 @@ class RunFolder(Callback):
     """
 
     order = 110  # after every other callback at after_fit: the folder is renamed once all is written
+    # Under torchrun rank 0 writes the folder; the Checkpoint part runs on every rank (each rank's RNGs
+    # go into the file, which rank 0 writes).
+    rank_zero_only = True
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class RunFolder(Callback):
         self.command = command if command is not None else shlex.join(["python", *sys.argv])
         self.figures = figures
         self.metrics = MetricsLogger(self.partial, every=metrics_every)
+        self.metrics.rank_zero_only = True
         self.checkpoint: Checkpoint | None = None
         if checkpoints:
             options = dict(checkpoints) if isinstance(checkpoints, Mapping) else {}

@@ -29,6 +29,7 @@ from hookscope.doctor.findings import Finding
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
+from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.learner import Learner
 from hookscope.viz.report import REPORT
@@ -56,13 +57,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         learn.fit(options.epochs, resume=(args.resume_from or out) if args.resume else None)
     except KeyboardInterrupt:
-        print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
+        if distributed.is_rank_zero():
+            print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
         return 130
     except Exception as err:
         code, message = _explain(err)
         raise CommandError(message + _resume_hint(folder), code) from err
     findings = ranked(learn.doctor.findings) if options.doctor else None
     errors = [f for f in findings or () if f.severity == "error"]
+    if not distributed.is_rank_zero():  # under torchrun rank 0 reports and publishes the run folder
+        return 1 if errors else 0
     report_dir = folder.path if errors else folder.final
     print(closing_words(learn, report_dir, time.perf_counter() - start, findings))
     if errors:

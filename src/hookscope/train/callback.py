@@ -31,10 +31,12 @@ class Callback:
 
     ``run_before`` and ``run_after`` hold a callback class or its name, or a tuple of them (fastai's
     ``run_before = Recorder`` works as written). ``run_train`` /
-    ``run_valid`` say whether the batch events of each phase reach this callback.
+    ``run_valid`` say whether the batch events of each phase reach this callback. ``rank_zero_only``:
+    under torchrun, only rank 0 runs it (what prints or writes files: progress, run folder, trackers).
     """
 
     order: int = 0
+    rank_zero_only: bool = False
     run_before: type | str | tuple[type | str, ...] = ()
     run_after: type | str | tuple[type | str, ...] = ()
     run_train: bool = True

@@ -24,6 +24,10 @@ from torch.utils.data import (
 )
 
 from hookscope.hooks.tensors import map_tensors
+from hookscope.train.distributed import DistributedSampler, ShardSampler
+
+# Samplers whose order ``list(sampler)`` gives exactly (each rank's shard under torchrun included).
+_INDEXABLE_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler, ShardSampler)
 
 
 @dataclass
@@ -137,7 +141,7 @@ def can_batch_in_memory(loader: Any) -> bool:
         and loader.num_workers == 0
         and loader.collate_fn is default_collate
         and type(loader.batch_sampler) is BatchSampler
-        and type(loader.sampler) in (SequentialSampler, RandomSampler)
+        and type(loader.sampler) in _INDEXABLE_SAMPLERS
     )
 
 

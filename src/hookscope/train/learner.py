@@ -19,7 +19,7 @@ from torch import nn
 
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import model_device
-from hookscope.train import checkpoint
+from hookscope.train import checkpoint, distributed
 from hookscope.train.callback import Callback, as_callbacks, dispatch_table, flatten, sort_callbacks
 from hookscope.train.data import (
     DataLoaders,
@@ -57,6 +57,11 @@ class Learner:
 
     The default callbacks (a Recorder, and a ProgressBar when stdout is a terminal) are added unless
     ``cbs`` holds one of the same type; ``progress=False`` leaves the bar out.
+
+    Under ``torchrun`` the same code trains on every rank (``train/distributed.py``): each fit wraps the
+    model in ``DistributedDataParallel`` for the training forward and shards the data (``learn.model``
+    stays the user's module, ``learn.distributed`` holds the setup); callbacks with ``rank_zero_only =
+    True`` run on rank 0 only.
     """
 
     def __init__(
@@ -77,7 +82,10 @@ class Learner:
             raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
         _refuse_meta(model)
         _refuse_raw_tensors(dls)
-        self.device = torch.device(device) if device is not None else model_device(model)
+        self.device = distributed.device_for_rank(
+            torch.device(device) if device is not None else model_device(model)
+        )
+        self.distributed = distributed.Session()
         self.model = model.to(self.device)
         self.dls = as_dataloaders(dls)
         self.loss_func, self.opt_func, self.lr = loss_func, opt_func, lr
@@ -301,6 +309,7 @@ class Learner:
         self.model.train(training)
         self._events = self._train_events if training else self._valid_events
         if training:
+            distributed.set_epoch(dl, self.epoch)
             self.pct_train = (self.epoch + self._batches_done()) / self.n_epoch
             self._with_events(self._all_batches, "train", CancelTrainException)
             return
@@ -340,7 +349,10 @@ class Learner:
     def _do_batch(self) -> None:
         if self.training and not self.yb:
             _refuse_no_targets(self.xb)
-        self.pred = self.model(*self.xb)
+        # Training goes through the DDP wrapper (its backward averages gradients over ranks); validation
+        # through the user's module, as shards may differ in length (see train/distributed.py).
+        ddp = self.distributed.ddp
+        self.pred = (ddp if ddp is not None and self.training else self.model)(*self.xb)
         self._fire("after_pred")
         if not self.yb:
             return  # a validation batch without target: nothing to score
@@ -409,16 +421,33 @@ class Learner:
         """Resolve the dispatch tables, run ``body`` (as a cancellable stage), and report failures."""
         self._train_events, self._valid_events = self._resolve()
         self._events = self._train_events
-        try:
-            if stage is None:
-                body()
-            else:
-                self._with_events(body, stage, cancel)
-        except BaseException as exc:
+        with self.distributed.active(self):
+            try:
+                if stage is None:
+                    body()
+                else:
+                    self._with_events(body, stage, cancel)
+            except BaseException as exc:
+                self._fail_everywhere(exc)
+            finally:
+                self.training = False
+
+    def _fail_everywhere(self, exc: BaseException) -> None:
+        """Release the other ranks first (they fail at once in their next collective instead of waiting
+        for a timeout), report ``exc`` to the callbacks, and re-raise it; a collective broken by another
+        rank's failure becomes one short :class:`~hookscope.train.distributed.PeerFailedError`, so the
+        original error is printed once, by the rank it happened on."""
+        peer = distributed.from_peer(exc)
+        self.distributed.release_peers()
+        if not peer:
             self._fail(exc)
-            raise
-        finally:
-            self.training = False
+            raise exc
+        error = distributed.PeerFailedError(
+            f"rank {distributed.rank()} stopped because another rank failed (its error is printed by that "
+            f"rank): {str(exc).splitlines()[0][:200]}"
+        )
+        self._fail(error)
+        raise error from None
 
     def _with_events(self, body: Callable[[], None], stage: str, cancel: type[Exception]) -> None:
         try:
@@ -444,6 +473,8 @@ class Learner:
 
     def _resolve(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         ordered = sort_callbacks(flatten(self.cbs))
+        if not distributed.is_rank_zero():
+            ordered = [cb for cb in ordered if not getattr(cb, "rank_zero_only", False)]
         return dispatch_table(ordered, training=True), dispatch_table(ordered, training=False)
 
     def _batches(self, dl: Any) -> Iterable[tuple]:

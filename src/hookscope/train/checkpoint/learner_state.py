@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hookscope.train import distributed
 from hookscope.train.callback import flatten
 from hookscope.train.checkpoint.file import CheckpointError, check_plain, load_checkpoint, write_checkpoint
-from hookscope.train.checkpoint.rng import capture_rng, rng_generators
+from hookscope.train.checkpoint.rng import capture_rng, rank_states, rng_generators
 from hookscope.train.checkpoint.weights import check_model_state, unwrap
 
 if TYPE_CHECKING:
@@ -51,7 +52,10 @@ def current_position(learn: Learner) -> Position:
 def save_learner(learn: Learner, path: str | os.PathLike[str], position: Position | None = None) -> Path:
     """Write the full state of ``learn`` to ``path`` atomically: model, pending gradients (mid
     accumulation), optimizer, every callback's ``state_dict`` (recorder history, schedulers, grad scaler,
-    ...), every RNG, and the loop position."""
+    ...), every RNG, and the loop position.
+
+    Under torchrun every rank calls this together (callback states and RNGs are gathered), rank 0 writes
+    the file, and the others wait at a barrier until it is written."""
     position = position or current_position(learn)
     opt = learn.opt
     state = {
@@ -69,8 +73,11 @@ def save_learner(learn: Learner, path: str | os.PathLike[str], position: Positio
         },
         "rng": capture_rng(rng_generators(learn)),
         "epoch_rng": learn.epoch_rng if position.iter else None,
+        **rank_states(learn, mid_epoch=bool(position.iter)),
     }
-    return write_checkpoint(state, path)
+    written = write_checkpoint(state, path) if distributed.is_rank_zero() else Path(path)
+    distributed.barrier()
+    return written
 
 
 def load_learner(learn: Learner, path: str | os.PathLike[str]) -> dict[str, Any]:

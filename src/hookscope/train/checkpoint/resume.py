@@ -2,7 +2,8 @@
 
 Exact mid-epoch resume needs two RNG snapshots: the one taken at the start of the epoch's training phase
 (replaying it reproduces the sampler's shuffle, so the same remaining batches come in the same order) and
-the one at the moment of the save (so dropout and augmentations continue the same stream).
+the one at the moment of the save (so dropout and augmentations continue the same stream). Under torchrun
+each rank takes its own pair from the checkpoint's ``ranks`` (and the sampler seed every rank shares).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookscope.train import distributed
 from hookscope.train.callback import flatten
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
@@ -39,6 +41,7 @@ class Resume:
         pos = state["position"]
         self.position = Position(pos["epoch"], pos["iter"], pos["train_iter"], pos["training_step"])
         self.mid_epoch_pending = self.position.iter > 0
+        self.rank_state = _rank_state(state, source)
 
     @classmethod
     def start(cls, learn: Learner, resume: str | os.PathLike[str]) -> Resume:
@@ -61,6 +64,7 @@ class Resume:
                 stacklevel=3,
             )
         load_model_and_callbacks(learn, self.state, self.source)
+        learn.distributed.seed = self.rank_state.get("sampler_seed", learn.distributed.seed)
         learn.train_iter = self.position.train_iter
         learn.training_step = self.position.training_step
         return self
@@ -69,7 +73,7 @@ class Resume:
         """Load the optimizer (and, between epochs, the RNGs); return the epoch to start at."""
         load_optimizer(learn, self.state)
         if not self.mid_epoch_pending:
-            restore_rng(self.state["rng"], rng_generators(learn))
+            restore_rng(self.rank_state["rng"], rng_generators(learn))
         return self.position.epoch
 
 
@@ -89,7 +93,7 @@ def train_batches(
         learn.epoch_rng = capture_rng(generators)
         return 0, iter(batches_of(learn.dl))
     resume.mid_epoch_pending = False
-    learn.epoch_rng = resume.state["epoch_rng"]
+    learn.epoch_rng = resume.rank_state["epoch_rng"]
     restore_rng(learn.epoch_rng, generators)
     iterator = iter(batches_of(learn.dl))
     done = resume.position.iter
@@ -99,8 +103,27 @@ def train_batches(
                 f"{resume.source} was saved after batch {done} of epoch {resume.position.epoch}, but the "
                 f"epoch now has {fetched} batches; resume with the same training data"
             )
-    restore_rng(resume.state["rng"], generators)
+    restore_rng(resume.rank_state["rng"], generators)
     return done, iterator
+
+
+def _rank_state(state: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """This rank's RNGs (``rng``, ``epoch_rng``, and under torchrun ``sampler_seed``) in ``state``.
+
+    A checkpoint saved by another number of processes resumes (the weights and optimizer are the same),
+    but the data is split differently, so the run is not exact: a warning says so.
+    """
+    ranks, world = state.get("ranks"), distributed.world_size()
+    saved_by = len(ranks) if ranks is not None else 1
+    if saved_by != world:
+        warnings.warn(
+            f"{source} was saved by {saved_by} process(es) and is resumed by {world}: the data is sharded "
+            f"differently, so the run continues but is not an exact replay; resume with {saved_by}",
+            stacklevel=4,
+        )
+    if ranks is None or distributed.rank() >= len(ranks):
+        return {"rng": state["rng"], "epoch_rng": state["epoch_rng"]}
+    return dict(ranks[distributed.rank()])
 
 
 def find_latest(path: str | os.PathLike[str]) -> Path:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hookscope.train import distributed
 from hookscope.train.checkpoint.file import CheckpointError
 
 if TYPE_CHECKING:
@@ -73,6 +74,20 @@ def loader_generators(dl: object) -> dict[str, torch.Generator]:
         if isinstance(gen, torch.Generator) and all(gen is not g for g in found.values()):
             found[name] = gen
     return found
+
+
+def rank_states(learn: Learner, mid_epoch: bool) -> dict[str, Any]:
+    """Under torchrun, ``{"ranks": [...]}``: every rank's RNGs (and, saved ``mid_epoch``, those of the
+    epoch's start) and the training sampler's seed, gathered in rank order so that each rank resumes its
+    own streams; nothing (``{}``) in one process, where ``rng`` and ``epoch_rng`` say it all."""
+    if not distributed.is_distributed():
+        return {}
+    own = {
+        "rng": capture_rng(rng_generators(learn)),
+        "epoch_rng": learn.epoch_rng if mid_epoch else None,
+        "sampler_seed": learn.distributed.seed,
+    }
+    return {"ranks": distributed.all_gather(own)}
 
 
 def rng_generators(learn: Learner) -> dict[str, torch.Generator]:

@@ -1,0 +1,334 @@
+"""torchrun and DistributedDataParallel: who am I, reductions across ranks, and one fit's distributed setup.
+
+The same script runs unchanged in one process or under ``torchrun --nproc-per-node N``: :class:`Session`
+(entered by the Learner around every fit and validation) sees the environment torchrun sets, starts the
+process group unless the user already did (gloo on CPU, nccl on CUDA), wraps the model in
+``DistributedDataParallel`` for the training forward, shards the data, and destroys only what it created.
+
+Sharding: the training loader gets a ``DistributedSampler`` (one seed for every rank, ``set_epoch`` each
+epoch, so each epoch is one permutation split across ranks); the validation loader gets a
+:class:`ShardSampler` — every ``world``-th sample, no padding — so a global mean over ranks counts every
+validation sample exactly once (``DistributedSampler`` would repeat samples to even out the shards).
+Validation runs on the user's module, not the DDP wrapper: shards may have different numbers of batches,
+and the wrapper's per-forward buffer broadcast would then wait for a rank that has finished.
+
+Every function here is also right in one process (world size 1): reductions return their input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+if TYPE_CHECKING:
+    from hookscope.train.data import DataLoaders
+    from hookscope.train.learner import Learner
+
+T = TypeVar("T")
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# How long a collective may wait for a rank before failing: bounded, so a rank that dies without closing
+# its connections cannot hang the others for torch's default of 30 minutes.
+TIMEOUT = timedelta(minutes=5)
+
+
+class PeerFailedError(RuntimeError):
+    """Another rank stopped (its own error is printed by that rank); this rank stops too."""
+
+
+# ---- who am I ------------------------------------------------------------------------------------------
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment torchrun (or any ``env://`` launcher) sets is present."""
+    return all(name in os.environ for name in _TORCHRUN_ENV)
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group of more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's global rank: from the process group, else torchrun's ``RANK``, else 0."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", 0))
+
+
+def world_size() -> int:
+    """How many ranks: from the process group, else torchrun's ``WORLD_SIZE``, else 1."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def local_rank() -> int:
+    """This process's rank on its machine (torchrun's ``LOCAL_RANK``; 0 outside torchrun): its GPU index."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def is_rank_zero() -> bool:
+    """True on the one rank that prints and writes files (and in a single process)."""
+    return rank() == 0
+
+
+def rank_zero_only(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorate a function so that it runs on rank 0 only (returning None elsewhere)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        return fn(*args, **kwargs) if is_rank_zero() else None
+
+    return wrapper
+
+
+def device_for_rank(device: torch.device) -> torch.device:
+    """Under torchrun, a CUDA device without index becomes this rank's GPU (``cuda:LOCAL_RANK``)."""
+    if device.type == "cuda" and device.index is None and launched_by_torchrun():
+        return torch.device("cuda", local_rank())
+    return device
+
+
+# ---- the process group ---------------------------------------------------------------------------------
+
+
+def init_process_group(device: torch.device) -> bool:
+    """Start the process group torchrun's environment describes, unless there is none to start or one is
+    running already; returns True when this call created it (so the caller destroys it, and only it)."""
+    if not launched_by_torchrun() or not dist.is_available() or dist.is_initialized():
+        return False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=TIMEOUT)
+    return True
+
+
+def destroy_process_group() -> None:
+    """End the process group; peers blocked in a collective with this rank fail at once, not at timeout."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- reductions ----------------------------------------------------------------------------------------
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``tensor`` reduced over every rank (``op``: ``sum``, ``max``, ``min``) as a new tensor on its device;
+    the input itself is returned unchanged in one process."""
+    if not is_distributed():
+        return tensor
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    reduced = tensor.detach().clone()
+    dist.all_reduce(reduced, op=ops[op])
+    return reduced
+
+
+def weighted_means(sums: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Global means from this rank's per-sample-weighted ``sums`` (one per quantity) and sample ``count``:
+    sums and counts are added over ranks in ONE all-reduce, then divided — not a mean of the ranks' means,
+    which would weigh a rank with fewer samples as much as one with more."""
+    packed = all_reduce(torch.cat([sums.double().reshape(-1), count.double().reshape(1)]))
+    return (packed[:-1] / packed[-1]).float()
+
+
+def any_rank(flag: torch.Tensor) -> torch.Tensor:
+    """True on every rank when ``flag`` (a bool tensor) is True on any rank: one all-reduce, on the device."""
+    return all_reduce(flag.to(torch.uint8), "max").bool()
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (nothing in one process)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def broadcast_int(value: int) -> int:
+    """Rank 0's ``value`` on every rank."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather(obj: T) -> list[T]:
+    """Every rank's ``obj`` (plain values and tensors, pickled), in rank order, on every rank; ``[obj]`` in
+    one process. For small things (RNG states, a checkpoint's per-rank part), not for tensors per step."""
+    if not is_distributed():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def from_peer(exc: BaseException) -> bool:
+    """True when ``exc`` is a collective that failed because another rank went away."""
+    text = str(exc)
+    dist_error = getattr(dist, "DistError", ())
+    return is_distributed() and (
+        isinstance(exc, dist_error) or "Connection closed by peer" in text or "Connection reset" in text
+    )
+
+
+# ---- sharding ------------------------------------------------------------------------------------------
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``world``-th index of ``n``, starting at ``rank``, in order and without padding: shards of
+    sizes that differ by at most one, which together hold every sample exactly once (for validation)."""
+
+    def __init__(self, n: int, rank: int, world: int) -> None:
+        self.n, self.rank, self.world = n, rank, world
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.n, self.world))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world))
+
+
+def shard_loader(loader: Any, training: bool, seed: int) -> Any:
+    """``loader`` rebuilt with this rank's shard (same batch size, collate, workers, generator...).
+
+    A loader that already has a ``DistributedSampler``, or iterates an ``IterableDataset`` (which must
+    shard itself), is returned as it is. A custom ``batch_sampler`` cannot be split and is refused.
+    """
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if isinstance(loader.sampler, DistributedSampler | ShardSampler):
+        return loader
+    if loader.batch_size is None:
+        raise ValueError(
+            f"Learner under torchrun: the {'training' if training else 'validation'} DataLoader has a custom "
+            "batch_sampler, which hookscope cannot split across ranks; give it batch_size= and a sampler, "
+            "or build it with a DistributedSampler yourself"
+        )
+    if training:
+        shuffle = not isinstance(loader.sampler, SequentialSampler)
+        if shuffle and not isinstance(loader.sampler, RandomSampler):
+            raise ValueError(
+                f"Learner under torchrun: the training DataLoader's {type(loader.sampler).__name__} cannot "
+                "be split across ranks; use shuffle=True/False, or pass a DistributedSampler yourself"
+            )
+        sampler: Sampler[int] = DistributedSampler(
+            loader.dataset, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+        )
+    else:
+        sampler = ShardSampler(len(loader.dataset), rank(), world_size())
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+    )
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Tell a ``DistributedSampler`` which epoch it is, so each epoch draws a new permutation."""
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        sampler.set_epoch(epoch)
+
+
+def sampler_seed(loader: Any) -> int:
+    """The shuffle seed every rank uses: rank 0's loader generator seed (or torch's initial seed)."""
+    generator = getattr(loader, "generator", None)
+    seed = generator.initial_seed() if isinstance(generator, torch.Generator) else torch.initial_seed()
+    return broadcast_int(seed % 2**63)
+
+
+# ---- one fit under torchrun ----------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """The distributed setup of one Learner: entered around each fit (re-entrant, for ``lr_find`` inside a
+    fit), it starts the process group when torchrun launched us, wraps the model, shards the data; leaving
+    it puts the user's loaders back and destroys the group if it created it.
+
+    ``seed``: the training sampler's shuffle seed (kept in checkpoints so a resume shuffles the same).
+    """
+
+    ddp: nn.Module | None = None
+    seed: int | None = None
+    _depth: int = 0
+    _created: bool = False
+    _user_dls: DataLoaders | None = None
+    _sharded: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def active(self, learn: Learner) -> Iterator[None]:
+        """Set up on entry (outermost only), take down on exit — also when the body raised."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._depth = 1
+        try:
+            self._start(learn)
+            yield
+        finally:
+            self._depth = 0
+            self._stop(learn)
+
+    def _start(self, learn: Learner) -> None:
+        self._created = init_process_group(learn.device)
+        if not is_distributed():
+            return
+        from hookscope.train.data import DataLoaders  # train.data imports this module
+
+        self.seed = sampler_seed(learn.dls.train) if self.seed is None else self.seed
+        ids = [learn.device.index] if learn.device.type == "cuda" else None
+        self.ddp = nn.parallel.DistributedDataParallel(learn.model, device_ids=ids)
+        self._user_dls = learn.dls
+        dls = learn.dls
+        learn.dls = DataLoaders(
+            self._shard(dls.train, training=True),
+            self._shard(dls.valid, training=False) if dls.valid is not None else None,
+            in_memory=dls.in_memory,
+        )
+
+    def _shard(self, loader: Any, training: bool) -> Any:
+        """The sharded loader of ``loader``, made once per Learner (so in-memory copies are made once)."""
+        cached = self._sharded.get(id(loader))
+        if cached is None or cached[0] is not loader:
+            cached = (loader, shard_loader(loader, training, self.seed or 0))
+            self._sharded[id(loader)] = cached
+        return cached[1]
+
+    def release_peers(self) -> None:
+        """After a failure on this rank: destroy the process group if we created it, so that the other
+        ranks' pending collectives fail at once (a group the user created is theirs to end)."""
+        self.ddp = None
+        if self._created:
+            destroy_process_group()
+            self._created = False
+
+    def _stop(self, learn: Learner) -> None:
+        if self._user_dls is not None:
+            learn.dls, self._user_dls = self._user_dls, None
+        self.release_peers()
