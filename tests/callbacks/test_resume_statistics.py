@@ -6,7 +6,8 @@ from faults import Branches, digits_flat, mlp
 from torch import nn
 
 import hookscope as hs
-from hookscope.callbacks import Checkpoint, monitor
+from hookscope.callbacks import Checkpoint
+from hookscope.doctor import records
 from hookscope.train.checkpoint import load_checkpoint
 
 EVERY_N_STEPS = 2
@@ -57,7 +58,7 @@ def _histories(learn: hs.Learner) -> dict[str, object]:
             for name, records in doctor.gradients.history.items()
         },
         "params": doctor.gradients.param_history,
-        "loss": doctor._loss_history,
+        "loss": doctor.engine.loss_history,
     }
 
 
@@ -133,7 +134,7 @@ def _stats(history) -> dict[str, list]:
 
 
 def test_a_checkpoint_thins_long_histories_to_saved_records(tmp_path, monkeypatch):
-    monkeypatch.setattr(monitor, "SAVED_RECORDS", 4)
+    monkeypatch.setattr(records, "SAVED_RECORDS", 4)
     activations, gradients = hs.callbacks.ActivationStats(), hs.callbacks.GradientStats()
     torch.manual_seed(0)
     cbs = [activations, gradients, Checkpoint(tmp_path)]

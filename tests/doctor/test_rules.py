@@ -4,7 +4,9 @@ import math
 
 import torch
 
-from hookscope.callbacks.doctor_rules import (
+from hookscope.doctor.findings import Thresholds
+from hookscope.doctor.records import ParamRecord, StepStats
+from hookscope.doctor.rules import (
     dead_units,
     exploding_gradient,
     loss_divergence,
@@ -12,8 +14,6 @@ from hookscope.callbacks.doctor_rules import (
     update_ratio,
     vanishing_gradient,
 )
-from hookscope.callbacks.monitor import ParamRecord, StepStats
-from hookscope.doctor.findings import Thresholds
 from hookscope.hooks.stats import RunningStats
 
 TH = Thresholds()

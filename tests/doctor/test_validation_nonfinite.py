@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks import Doctor, RunFolder
-from hookscope.callbacks.doctor_rules import nonfinite_validation
-from hookscope.callbacks.monitor import StepStats
 from hookscope.cli.train import closing_words
+from hookscope.doctor.records import StepStats
+from hookscope.doctor.rules import nonfinite_validation
 from hookscope.hooks.stats import RunningStats
 
 

@@ -1,5 +1,8 @@
 """NonFiniteGuard: stop training at the first NaN/Inf loss, activation or gradient, before it lands.
 
+The decision is :class:`hookscope.doctor.guard.NonFiniteCheck`'s (shared with ``hs.watch``); this
+callback feeds it the Learner's events and does what a Learner can do with a "no": roll back and cancel.
+
 Trade-off (read this before changing it): the guard must never let a non-finite update reach the weights,
 and it must not stall the device once per layer. So the checks are cheap device-side reductions (one
 min/max per watched module output, the loss, one fused norm over all gradients) that stay on the device,
@@ -20,17 +23,14 @@ import contextlib
 from typing import Any
 
 import torch
-from torch import nn
 
 from hookscope import compat
-from hookscope.hooks.handles import HookSet
+from hookscope.doctor.guard import NonFiniteCheck
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
-from hookscope.hooks.select import Spec, select
-from hookscope.hooks.tensors import grad_norms, model_device, tensors_in
+from hookscope.hooks.select import Spec
+from hookscope.hooks.tensors import model_device
 from hookscope.train.callback import Callback
 from hookscope.train.events import CancelFitException
-
-_CHECKS = ("activation", "loss", "gradient")
 
 
 class NonFiniteGuard(Callback):
@@ -52,9 +52,7 @@ class NonFiniteGuard(Callback):
         self.report: NonFiniteReport | None = None
         self.stopped_at: int | None = None
         self.reason: str | None = None
-        self._hooks = HookSet()
-        self._flags: list[torch.Tensor] = []  # activation flags since the last check
-        self._loss_flags: list[torch.Tensor] = []
+        self.check = NonFiniteCheck(select, training=lambda module: self.learn.training)
         self._checked = True  # no batch since the last check: the next one snapshots the buffers
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
@@ -64,11 +62,9 @@ class NonFiniteGuard(Callback):
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
-        self._flags, self._loss_flags, self._batches, self._checked = [], [], [], True
+        self._batches, self._checked = [], True
         model = self.learn.model
-        if self.select is not False:
-            for _, module in select(model, None if self.select is True else self.select):
-                self._hooks.forward(module, self._watch)
+        self.check.attach(model)
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._saved = [torch.empty_like(b) for b in self._buffers]
         self._apply_resumed()
@@ -86,32 +82,17 @@ class NonFiniteGuard(Callback):
         if self.learn.yb:  # only batches that reach a loss lead to a step (and a check)
             self._batches.append((self.learn.xb, self.learn.yb, (torch.get_rng_state(), cuda), amp))
 
-    def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.learn.training:
-            return
-        tensors = [t for t in tensors_in(output) if t.is_floating_point() and t.numel()]
-        self._flags.extend(torch.stack(torch.aminmax(t.detach())).isfinite().all() for t in tensors)
-        if len(self._flags) > 4096:  # batches that never reach a step (no target): keep memory bounded
-            self._flags = [torch.stack(self._flags).all()]
-
     def after_loss(self) -> None:
-        self._loss_flags.append(self.learn.loss.isfinite().all())
+        self.check.loss(self.learn.loss)
 
     def before_step(self) -> None:
-        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
-        device = self.learn.loss.device
-        true = torch.ones((), dtype=torch.bool, device=device)
-        activation_ok = torch.stack(self._flags).all() if self._flags else true
-        grad_ok = grad_norms(grads).isfinite().all() if grads else true
-        loss_ok = torch.stack(self._loss_flags).all() if self._loss_flags else true
-        ok = torch.stack([activation_ok.to(device), loss_ok, grad_ok.to(device)]).cpu()  # the one host read
-        if bool(ok.all()):
-            self._flags, self._loss_flags, self._batches, self._checked = [], [], [], True
-            return
-        self._stop(_CHECKS[int((~ok).nonzero()[0])])
+        reason = self.check.decide(self.learn.model.parameters(), self.learn.loss.device)
+        if reason is not None:
+            self._stop(reason)
+        self._batches, self._checked = [], True
 
     def after_fit(self) -> None:
-        self._hooks.remove()
+        self.check.detach()
 
     # ---- checkpoint state ------------------------------------------------------------------------------
 
@@ -121,11 +102,7 @@ class NonFiniteGuard(Callback):
         ends the group after a resume still checks and rolls back the whole group."""
         if self._checked:
             return {}
-        return {
-            "activation_ok": [torch.stack(self._flags).all()] if self._flags else [],
-            "loss_ok": [torch.stack(self._loss_flags).all()] if self._loss_flags else [],
-            "buffers": list(self._saved),
-        }
+        return {**self.check.state_dict(), "buffers": list(self._saved)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the unchecked group's state for the next ``before_fit`` (which builds the buffers)."""
@@ -136,21 +113,20 @@ class NonFiniteGuard(Callback):
         if not state:
             return
         device = model_device(self.learn.model)
-        self._flags = [flag.to(device) for flag in state["activation_ok"]]
-        self._loss_flags = [flag.to(device) for flag in state["loss_ok"]]
+        self.check.load_state_dict(state, device)
         self._checked = False
         if self._saved:
             compat.foreach_copy_(self._saved, [b.to(device) for b in state["buffers"]])
 
     def on_failure(self, exc: BaseException) -> None:
-        self._hooks.remove()
+        self.check.detach()
 
     def _stop(self, reason: str) -> None:
         learn = self.learn
         learn.opt.zero_grad(set_to_none=True)
         if self._buffers:
             compat.foreach_copy_(self._buffers, self._saved)
-        self._hooks.remove()
+        self.check.detach()
         self.report = self._blame(learn)
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:

@@ -1,190 +1,26 @@
-"""ActivationStats and GradientStats: per-layer statistics during training, without a host sync per step.
+"""ActivationStats and GradientStats: per-layer statistics during a fit, without a host sync per step.
 
-Hooks update :class:`~hookscope.hooks.stats.RunningStats` on the device; after each recorded batch the
-callbacks keep a device snapshot per layer, and every ``read_every`` steps (or when someone reads
-``history``) all pending snapshots are copied to the host in one transfer. Everything is keyed by the
+Each callback is a thin adapter: it turns the Learner's events into the feed calls of a recorder of
+:mod:`hookscope.doctor.records` (where the statistics, their bounded histories and their checkpoint state
+live), so the Learner, the Doctor and ``hs.watch`` record exactly the same way. Everything is keyed by the
 qualified module (or parameter) name and by ``learn.training_step`` as it was when the batch started.
-
-History is bounded: when a layer holds more than ``history`` records, every other record is dropped and
-the recording interval doubles, so the history always spans the whole run at an even density.
-
-Checkpoints keep the history as a few tensors per layer, thinned the same way to at most
-``SAVED_RECORDS`` records per layer, with the matching recording interval: a resumed run's history starts
-where the first part's did, at an even (possibly coarser) density. See docs/checkpoints.md for the size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
-from hookscope.hooks.handles import HookSet
-from hookscope.hooks.select import Spec, select
-from hookscope.hooks.stats import (
-    DeviceStats,
-    RunningStats,
-    TensorStats,
-    UpdateRatio,
-    read_all,
-    stats_from_columns,
-    stats_to_columns,
+from hookscope.doctor.records import (
+    ActivationRecorder,
+    GradientRecorder,
+    ParamRecord,
+    StepStats,
+    with_parameters,
 )
-from hookscope.hooks.tensors import first_tensor, grad_norms
+from hookscope.hooks.select import Spec
 from hookscope.train.callback import Callback
 
-
-def with_parameters(name: str, module: nn.Module) -> bool:
-    """Selection predicate for leaf modules that own parameters (convs, linears, norms): fastai's default.
-
-    Watching every leaf module (``select=None``) also covers activations and pooling, at about twice
-    the cost on a CNN.
-    """
-    return next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """The statistics of one layer over one recorded step (or one validation phase)."""
-
-    step: int
-    stats: TensorStats
-
-
-@dataclass(frozen=True)
-class ParamRecord:
-    """One parameter at one recorded step: gradient norm (None: it got no gradient) and update ratio.
-
-    ``update_ratio`` is ``||w_after - w_before|| / ||w_after||`` of that step's ``opt.step()``, or None
-    when the step did not happen (cancelled) or ratios are switched off.
-    """
-
-    step: int
-    grad_norm: float | None
-    update_ratio: float | None
-
-
-class _LayerRecorder:
-    """RunningStats per layer, pending device snapshots, and the bounded host history they become."""
-
-    def __init__(
-        self, names: list[str], bins: int, hist_range: tuple[float, float], sample: int | None, max_len: int
-    ) -> None:
-        self.stats = {name: RunningStats(bins, hist_range, sample) for name in names}
-        self.history: dict[str, list[StepStats]] = {name: [] for name in names}
-        self.max_len = max_len
-        self.pending: list[tuple[str, int, DeviceStats]] = []
-
-    def close_window(self, step: int) -> None:
-        """Turn what every layer saw since the last window into pending snapshots keyed by ``step``."""
-        for name, stats in self.stats.items():
-            snap = stats.snapshot(reset=True)
-            if snap is not None:
-                self.pending.append((name, step, snap))
-
-    def discard_window(self) -> None:
-        for stats in self.stats.values():
-            stats.reset()
-
-    def take_pending(self) -> list[tuple[str, int, DeviceStats]]:
-        pending, self.pending = self.pending, []
-        return pending
-
-    def store(self, pending: list[tuple[str, int, DeviceStats]], stats: list[TensorStats]) -> bool:
-        """Append read results to the history; True when a layer overflowed and the history was thinned."""
-        for (name, step, _), result in zip(pending, stats, strict=True):
-            self.history[name].append(StepStats(step, result))
-        return _thin_if_full(self.history, self.max_len)
-
-    def load(self, state: dict[str, Any]) -> None:
-        """Replace the history with the one :func:`_history_state` stored (nothing pending)."""
-        self.history = _history_from_state(list(self.stats), state)
-        self.pending = []
-
-
-# Records per layer a checkpoint keeps. A full history (1000 records of the 13 layers of the digits CNN,
-# activations and output gradients) would add ~27 MB to a 0.7 MB checkpoint; 128 caps it near 3.4 MB.
-SAVED_RECORDS = 128
-
-
-def _thin_factor(*histories: dict[str, list[Any]]) -> int:
-    """Keep every n-th record (n a power of two, as repeated thinning does) to fit ``SAVED_RECORDS``."""
-    longest = max((len(records) for history in histories for records in history.values()), default=0)
-    factor = 1
-    while -(-longest // factor) > SAVED_RECORDS:
-        factor *= 2
-    return factor
-
-
-def _thinned(history: dict[str, list[Any]], factor: int) -> dict[str, list[Any]]:
-    return {name: records[::factor] for name, records in history.items()}
-
-
-def _history_state(history: dict[str, list[StepStats]]) -> dict[str, dict[str, torch.Tensor]]:
-    """The records of every layer that has some, as columns (see :func:`stats_to_columns`) plus steps."""
-    return {
-        name: {
-            "step": torch.tensor([r.step for r in records]),
-            **stats_to_columns([r.stats for r in records]),
-        }
-        for name, records in history.items()
-        if records
-    }
-
-
-def _history_from_state(names: list[str], state: dict[str, Any]) -> dict[str, list[StepStats]]:
-    history: dict[str, list[StepStats]] = {name: [] for name in names}
-    for name, columns in state.items():
-        steps = columns["step"].tolist()
-        history[name] = [StepStats(s, st) for s, st in zip(steps, stats_from_columns(columns), strict=True)]
-    return history
-
-
-def _params_state(history: dict[str, list[ParamRecord]]) -> dict[str, dict[str, torch.Tensor]]:
-    """Per parameter: steps, (grad_norm, update_ratio) as float64 and which of the two are not None."""
-    state = {}
-    for name, records in history.items():
-        values = [(r.grad_norm, r.update_ratio) for r in records]
-        state[name] = {
-            "step": torch.tensor([r.step for r in records], dtype=torch.int64),
-            "values": torch.tensor(
-                [[0.0 if v is None else v for v in pair] for pair in values], dtype=torch.float64
-            ),
-            "present": torch.tensor([[v is not None for v in pair] for pair in values], dtype=torch.bool),
-        }
-    return state
-
-
-def _params_from_state(state: dict[str, Any]) -> dict[str, list[ParamRecord]]:
-    history = {}
-    for name, columns in state.items():
-        rows = zip(
-            columns["step"].tolist(), columns["values"].tolist(), columns["present"].tolist(), strict=True
-        )
-        history[name] = [
-            ParamRecord(step, *(v if has else None for v, has in zip(values, present, strict=True)))
-            for step, values, present in rows
-        ]
-    return history
-
-
-def _thin_if_full(history: dict[str, list[Any]], max_len: int) -> bool:
-    if not any(len(records) > max_len for records in history.values()):
-        return False
-    for records in history.values():
-        del records[1::2]
-    return True
-
-
-def _check_settings(owner: str, every: int, history: int, read_every: int) -> None:
-    if every < 1 or history < 2 or read_every < 1:
-        raise ValueError(
-            f"{owner}: every={every}, history={history}, read_every={read_every}; "
-            "use every >= 1, history >= 2 and read_every >= 1"
-        )
+__all__ = ["ActivationStats", "GradientStats", "ParamRecord", "StepStats", "with_parameters"]
 
 
 class ActivationStats(Callback):
@@ -196,7 +32,9 @@ class ActivationStats(Callback):
     phase, in ``valid_history``). ``bins`` and ``range`` define the histograms of the colorful-dimension
     plot; the histogram, ``abs_max`` and ``zero_fraction`` are taken over at most ``sample`` values per
     tensor, everything else over every value (see :mod:`hookscope.hooks.stats`; None: all exact).
-    Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too.
+    Hooks live from ``before_fit`` to ``after_fit`` and are removed on failure too. ``recorder``: an
+    existing :class:`~hookscope.doctor.records.ActivationRecorder` to drive (the Doctor's), instead of
+    one built from the other arguments.
     """
 
     order = 15
@@ -211,135 +49,66 @@ class ActivationStats(Callback):
         sample: int | None = 2048,
         history: int = 1000,
         read_every: int = 100,
+        *,
+        recorder: ActivationRecorder | None = None,
     ) -> None:
-        _check_settings("ActivationStats", every, history, read_every)
-        self.spec, self.every, self.include_valid = select, every, include_valid
-        self.bins, self.range, self.sample = bins, range, sample
-        self.max_history, self.read_every = history, read_every
-        self.stride = every
-        self._hooks = HookSet()
-        self._recording = False
-        self._step = 0
-        self._train: _LayerRecorder | None = None
-        self._valid: _LayerRecorder | None = None
-        self._unread_steps = 0
+        self.recorder = recorder or ActivationRecorder(
+            select, every, include_valid, bins, range, sample, history, read_every
+        )
 
     @property
     def history(self) -> dict[str, list[StepStats]]:
         """Training records per layer (qualified name), oldest first; reads pending snapshots first."""
-        self.flush()
-        return self._train.history if self._train is not None else {}
+        return self.recorder.history
 
     @property
     def valid_history(self) -> dict[str, list[StepStats]]:
         """One record per validation phase per layer (only with ``include_valid=True``)."""
-        self.flush()
-        return self._valid.history if self._valid is not None else {}
+        return self.recorder.valid_history
+
+    @property
+    def stride(self) -> int:
+        """The recording interval in steps (``every``, doubled at each thinning of the history)."""
+        return self.recorder.stride
 
     def latest(self) -> dict[str, StepStats]:
         """The most recent training record of every layer that has one."""
-        return {name: records[-1] for name, records in self.history.items() if records}
+        return self.recorder.latest()
 
     def flush(self) -> None:
         """Copy every pending snapshot to the host in one transfer and append them to the histories."""
-        recorders = [r for r in (self._train, self._valid) if r is not None]
-        pending = [r.take_pending() for r in recorders]
-        snaps = [snap for batch in pending for _, _, snap in batch]
-        if not snaps:
-            return
-        stats, _ = read_all(snaps)
-        offset = 0
-        for recorder, batch in zip(recorders, pending, strict=True):
-            if recorder.store(batch, stats[offset : offset + len(batch)]) and recorder is self._train:
-                self.stride *= 2
-            offset += len(batch)
-        self._unread_steps = 0
-
-    # ---- events --------------------------------------------------------------------------------------
+        self.recorder.flush()
 
     def before_fit(self) -> None:
-        layers = select(self.learn.model, self.spec)
-        names = [name for name, _ in layers]
-        if self._train is None or list(self._train.stats) != names:
-            self._train = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
-            self._valid = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
-            self.stride = self.every
-        self._hooks.remove()
-        for name, module in layers:
-            self._hooks.forward(module, self._hook(name))
+        self.recorder.attach(self.learn.model)
 
     def before_batch(self) -> None:
-        if self.learn.training:
-            self._step = self.learn.training_step
-            self._recording = self._step % self.stride == 0
+        self.recorder.begin_batch(self.learn.training_step, self.learn.training)
 
     def after_batch(self) -> None:
-        if not (self.learn.training and self._recording):
-            return
-        assert self._train is not None
-        self._train.close_window(self._step)
-        self._recording = False
-        self._unread_steps += 1
-        if self._unread_steps >= self.read_every:
-            self.flush()
+        if self.learn.training:
+            self.recorder.end_batch()
 
     def before_validate(self) -> None:
-        self._recording = self.include_valid
+        self.recorder.begin_valid()
 
     def after_validate(self) -> None:
-        if self._recording and self._valid is not None:
-            self._valid.close_window(self.learn.training_step)
-        self._recording = False
+        self.recorder.end_valid(self.learn.training_step)
 
     def after_fit(self) -> None:
-        self._hooks.remove()
-        self._recording = False
-        self.flush()
+        self.recorder.close()
 
     def on_failure(self, exc: BaseException) -> None:
-        self._hooks.remove()
-        self._recording = False
-        for recorder in (self._train, self._valid):
-            if recorder is not None:
-                recorder.discard_window()
-
-    # ---- checkpoint state ----------------------------------------------------------------------------
+        self.recorder.fail()
 
     def state_dict(self) -> dict[str, Any]:
-        """The host histories (pending snapshots read first; thinned to ``SAVED_RECORDS`` per layer) and
-        the record interval; {} before a fit."""
-        if self._train is None or self._valid is None:
-            return {}
-        self.flush()
-        factor = _thin_factor(self._train.history)
-        valid = self._valid.history
-        return {
-            "layers": list(self._train.stats),
-            "stride": self.stride * factor,
-            "history": _history_state(_thinned(self._train.history, factor)),
-            "valid_history": _history_state(_thinned(valid, _thin_factor(valid))),
-        }
+        """The host histories (thinned to ``SAVED_RECORDS`` per layer) and the record interval; {} before
+        a fit."""
+        return self.recorder.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the histories; the next ``fit`` continues them when it watches the same layers."""
-        names = list(state["layers"])
-        self._train = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
-        self._valid = _LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
-        self._train.load(state["history"])
-        self._valid.load(state["valid_history"])
-        self.stride = state["stride"]
-        self._unread_steps = 0
-
-    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def record(module: nn.Module, args: Any, output: Any) -> None:
-            if not self._recording:
-                return
-            tensor = first_tensor(output)
-            if tensor is not None and self._train is not None and self._valid is not None:
-                recorder = self._train if self.learn.training else self._valid
-                recorder.stats[name].update(tensor)
-
-        return record
+        self.recorder.load_state_dict(state)
 
 
 class GradientStats(Callback):
@@ -353,7 +122,8 @@ class GradientStats(Callback):
     tensor hooks so in-place ops after a module do not break them. They are off by default: they cost as
     much as :class:`ActivationStats` (a CNN's output gradients are as large as its activations), while
     the per-parameter norms, what the gradient-flow plot shows, cost a fraction of that (on the small
-    CNN of ``benchmarks/stats_overhead.py``: 1-3% of a step against 4-8%).
+    CNN of ``benchmarks/stats_overhead.py``: 1-3% of a step against 4-8%). ``recorder``: an existing
+    :class:`~hookscope.doctor.records.GradientRecorder` to drive (the Doctor's).
     """
 
     order = 15
@@ -370,185 +140,62 @@ class GradientStats(Callback):
         sample: int | None = 2048,
         history: int = 1000,
         read_every: int = 100,
+        *,
+        recorder: GradientRecorder | None = None,
     ) -> None:
-        _check_settings("GradientStats", every, history, read_every)
-        self.every, self.spec = every, select
-        self.output_grads, self.update_ratio = output_grads, update_ratio
-        self.bins, self.range, self.sample = bins, range, sample
-        self.max_history, self.read_every = history, read_every
-        self.stride = every
-        self._hooks = HookSet()
-        self._grad_hooks = HookSet()  # tensor hooks of the current step, removed after every batch
-        self._recording = False
-        self._step = 0
-        self._layers: _LayerRecorder | None = None
-        self._param_names: list[str] = []
-        self._params: list[nn.Parameter] = []
-        self._ratio: UpdateRatio | None = None
-        self._param_history: dict[str, list[ParamRecord]] = {}
-        self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
-        self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
-        self._unread_steps = 0
+        self.recorder = recorder or GradientRecorder(
+            every, select, output_grads, update_ratio, bins, range, sample, history, read_every
+        )
 
     @property
     def history(self) -> dict[str, list[StepStats]]:
         """Output-gradient statistics per layer (qualified name), oldest first."""
-        self.flush()
-        return self._layers.history if self._layers is not None else {}
+        return self.recorder.history
 
     @property
     def param_history(self) -> dict[str, list[ParamRecord]]:
         """Gradient norm and update ratio per trainable parameter (qualified name), oldest first."""
-        self.flush()
-        return self._param_history
+        return self.recorder.param_history
+
+    @property
+    def stride(self) -> int:
+        """The recording interval in steps (``every``, doubled at each thinning of the history)."""
+        return self.recorder.stride
 
     def flush(self) -> None:
         """Copy everything pending to the host in one transfer and append it to the histories."""
-        layer_pending = self._layers.take_pending() if self._layers is not None else []
-        param_pending, self._pending = self._pending, []
-        if not layer_pending and not param_pending:
-            return
-        vectors = [v for _, _, norms, ratios in param_pending for v in (norms, ratios) if v is not None]
-        stats, arrays = read_all([snap for _, _, snap in layer_pending], vectors)
-        host = iter(arrays)
-        thinned = self._layers is not None and self._layers.store(layer_pending, stats)
-        for step, has_grad, norms, ratios in param_pending:
-            norm_values = next(host) if norms is not None else None
-            ratio_values = next(host) if ratios is not None else None
-            self._store_params(step, has_grad, norm_values, ratio_values)
-        thinned = _thin_if_full(self._param_history, self.max_history) or thinned
-        if thinned:
-            self.stride *= 2
-        self._unread_steps = 0
-
-    def _store_params(self, step: int, has_grad: list[bool], norms: Any, ratios: Any) -> None:
-        norm_iter = iter(norms if norms is not None else ())
-        for i, name in enumerate(self._param_names):
-            norm = float(next(norm_iter)) if has_grad[i] else None
-            ratio = float(ratios[i]) if ratios is not None else None
-            self._param_history[name].append(ParamRecord(step, norm, ratio))
-
-    # ---- events --------------------------------------------------------------------------------------
+        self.recorder.flush()
 
     def before_fit(self) -> None:
-        model = self.learn.model
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        names = [name for name, _ in named]
-        if names != self._param_names:  # same names: a resumed or repeated fit continues the history
-            self._param_names = names
-            self._param_history = {name: [] for name in names}
-            self._pending = []
-            self.stride = self.every
-        self._params = [p for _, p in named]
-        self._ratio = UpdateRatio(self._params) if self.update_ratio else None
-        self._hooks.remove()
-        if not self.output_grads:
-            return
-        layers = select(model, self.spec)
-        layer_names = [name for name, _ in layers]
-        if self._layers is None or list(self._layers.stats) != layer_names:
-            self._layers = _LayerRecorder(layer_names, self.bins, self.range, self.sample, self.max_history)
-        for name, module in layers:
-            self._hooks.forward(module, self._hook(name))
+        self.recorder.attach(self.learn.model)
 
     def before_batch(self) -> None:
-        if not self.learn.training:
-            return
-        self._step = self.learn.training_step
-        self._recording = self._step % self.stride == 0
-        self._step_norms = None
+        self.recorder.begin_batch(self.learn.training_step, self.learn.training)
 
     def before_step(self) -> None:
-        if not self._recording:
-            return
-        has_grad = [p.grad is not None for p in self._params]
-        grads = [p.grad for p in self._params if p.grad is not None]
-        norms = grad_norms(grads) if grads else None
-        self._step_norms = (has_grad, norms)
-        if self._ratio is not None:
-            self._ratio.before()
+        self.recorder.gradients_ready()
 
     def after_step(self) -> None:
-        if not self._recording or self._step_norms is None:
-            return
-        has_grad, norms = self._step_norms
-        ratios = self._ratio.after() if self._ratio is not None else None
-        self._pending.append((self._step, has_grad, norms, ratios))
+        self.recorder.step_done()
 
     def after_cancel_step(self) -> None:
-        if self._recording and self._step_norms is not None:
-            has_grad, norms = self._step_norms
-            self._pending.append((self._step, has_grad, norms, None))
-        self._step_norms = None
+        self.recorder.step_cancelled()
 
     def after_batch(self) -> None:
-        if not (self.learn.training and self._recording):
-            return
-        self._grad_hooks.remove()
-        if self._layers is not None:
-            self._layers.close_window(self._step)
-        self._recording = False
-        self._step_norms = None
-        self._unread_steps += 1
-        if self._unread_steps >= self.read_every:
-            self.flush()
+        if self.learn.training:
+            self.recorder.end_batch()
 
     def after_fit(self) -> None:
-        self._teardown()
-        self.flush()
+        self.recorder.close()
 
     def on_failure(self, exc: BaseException) -> None:
-        self._teardown()
-        if self._layers is not None:
-            self._layers.discard_window()
-
-    # ---- checkpoint state ----------------------------------------------------------------------------
+        self.recorder.fail()
 
     def state_dict(self) -> dict[str, Any]:
-        """Parameter (and output-gradient) histories, pending values read first, thinned to
-        ``SAVED_RECORDS`` per layer, and the record interval."""
-        if not self._param_names and self._layers is None:
-            return {}
-        self.flush()
-        layers = self._layers.history if self._layers is not None else {}
-        factor = _thin_factor(self._param_history, layers)
-        state: dict[str, Any] = {
-            "params": list(self._param_names),
-            "stride": self.stride * factor,
-            "param_history": _params_state(_thinned(self._param_history, factor)),
-        }
-        if self._layers is not None:
-            state["layers"] = list(self._layers.stats)
-            state["history"] = _history_state(_thinned(layers, factor))
-        return state
+        """Parameter (and output-gradient) histories, thinned to ``SAVED_RECORDS`` per layer, and the
+        record interval."""
+        return self.recorder.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the histories; the next ``fit`` continues them when the model has the same parameters."""
-        self._param_names = list(state["params"])
-        self._param_history = {name: [] for name in self._param_names}
-        self._param_history.update(_params_from_state(state["param_history"]))
-        self._pending = []
-        self.stride = state["stride"]
-        self._unread_steps = 0
-        if "layers" in state:
-            self._layers = _LayerRecorder(
-                state["layers"], self.bins, self.range, self.sample, self.max_history
-            )
-            self._layers.load(state["history"])
-
-    def _teardown(self) -> None:
-        self._hooks.remove()
-        self._grad_hooks.remove()
-        self._recording = False
-
-    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def watch_grad(module: nn.Module, args: Any, output: Any) -> None:
-            if not (self._recording and self.learn.training):
-                return
-            tensor = first_tensor(output)
-            if tensor is None or not tensor.requires_grad or self._layers is None:
-                return
-            stats = self._layers.stats[name]
-            self._grad_hooks.tensor(tensor, stats.update)
-
-        return watch_grad
+        self.recorder.load_state_dict(state)

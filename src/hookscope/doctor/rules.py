@@ -1,7 +1,7 @@
-"""The Doctor's rules: plain functions from host-side statistics to :class:`Finding` objects.
+"""The doctor's rules: plain functions from host-side statistics to :class:`Finding` objects.
 
-Each rule reads what :class:`~hookscope.callbacks.monitor.ActivationStats`,
-:class:`~hookscope.callbacks.monitor.GradientStats` and the Doctor itself recorded, and says in plain words
+Each rule reads what the recorders of :mod:`hookscope.doctor.records` and the engine
+(:mod:`hookscope.doctor.engine`, which runs them all in one place) recorded, and says in plain words
 what is wrong, where, since which step, and what usually fixes it. The thresholds live in
 :class:`Thresholds`; their defaults were chosen so that the healthy reference models (the digits CNN, an
 MLP, a ResNet18) stay quiet for a whole epoch while every fault of the catalogue is caught within a few
@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hookscope.callbacks.monitor import ParamRecord, StepStats
 from hookscope.doctor.findings import Finding, Thresholds
+from hookscope.doctor.records import ParamRecord, StepStats
 
 
 def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:
@@ -388,3 +388,24 @@ def _largest(layer_rms: dict[str, list[tuple[int, float]]], k: int) -> float:
 
 def _module_of(param_name: str) -> str:
     return param_name.rpartition(".")[0]
+
+
+def layer_gradients(
+    params: dict[str, list[ParamRecord]], sizes: dict[str, int]
+) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[tuple[int, float]]]]:
+    """Per module (model order): ``(step, gradient L2 norm)`` and ``(step, gradient RMS per value)``, from
+    the per-parameter records and the parameters' sizes."""
+    squares: dict[str, dict[int, float]] = {}
+    counts: dict[str, int] = {}
+    for name, records in params.items():
+        module = _module_of(name)
+        counts[module] = counts.get(module, 0) + sizes.get(name, 1)
+        per_step = squares.setdefault(module, {})
+        for r in records:
+            if r.grad_norm is not None:
+                per_step[r.step] = per_step.get(r.step, 0.0) + r.grad_norm**2
+    norms = {
+        m: [(s, math.sqrt(v)) for s, v in sorted(steps.items())] for m, steps in squares.items() if steps
+    }
+    rms = {m: [(s, n / math.sqrt(counts[m])) for s, n in records] for m, records in norms.items()}
+    return norms, rms

@@ -1,0 +1,599 @@
+"""What the doctor records: per-layer activation and gradient statistics, without a host sync per step.
+
+Loop-independent: a recorder is attached to a model and fed explicit calls (a batch starts, gradients
+are final, the optimizer stepped, the step ends, a validation phase starts/ends). The Learner's
+``ActivationStats`` / ``GradientStats`` callbacks and ``hs.watch`` are adapters that make those calls.
+
+Hooks update :class:`~hookscope.hooks.stats.RunningStats` on the device; at the end of each recorded step
+the recorder keeps a device snapshot per layer, and every ``read_every`` steps (or when someone reads
+``history``) all pending snapshots are copied to the host in one transfer (:meth:`flush`, the one place
+where a recorder's device statistics reach the host). Everything is keyed by the qualified module (or
+parameter) name and by the training step given when the batch started.
+
+History is bounded: when a layer holds more than ``history`` records, every other record is dropped and
+the recording interval doubles, so the history always spans the whole run at an even density.
+
+Checkpoints keep the history as a few tensors per layer, thinned the same way to at most
+``SAVED_RECORDS`` records per layer, with the matching recording interval: a resumed run's history starts
+where the first part's did, at an even (possibly coarser) density. See docs/checkpoints.md for the size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.select import Spec, select
+from hookscope.hooks.stats import (
+    DeviceStats,
+    RunningStats,
+    TensorStats,
+    UpdateRatio,
+    read_all,
+    stats_from_columns,
+    stats_to_columns,
+)
+from hookscope.hooks.tensors import first_tensor, grad_norms
+
+# Does this forward train? None: the flag the loop set with begin_batch; else asked of the module.
+TrainingOf = Callable[[nn.Module], bool] | None
+
+
+def with_parameters(name: str, module: nn.Module) -> bool:
+    """Selection predicate for leaf modules that own parameters (convs, linears, norms): fastai's default.
+
+    Watching every leaf module (``select=None``) also covers activations and pooling, at about twice
+    the cost on a CNN.
+    """
+    return next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None
+
+
+def module_in_training(module: nn.Module) -> bool:
+    """A forward that trains: the module in train mode with autograd on (validation runs eval/no_grad).
+
+    Loops that announce no batch (``hs.watch`` in a hand-written loop) ask each forward this instead.
+    """
+    return module.training and torch.is_grad_enabled()
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The statistics of one layer over one recorded step (or one validation phase)."""
+
+    step: int
+    stats: TensorStats
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """One parameter at one recorded step: gradient norm (None: it got no gradient) and update ratio.
+
+    ``update_ratio`` is ``||w_after - w_before|| / ||w_after||`` of that step's ``opt.step()``, or None
+    when the step did not happen (cancelled) or ratios are switched off.
+    """
+
+    step: int
+    grad_norm: float | None
+    update_ratio: float | None
+
+
+class LayerRecorder:
+    """RunningStats per layer, pending device snapshots, and the bounded host history they become."""
+
+    def __init__(
+        self, names: list[str], bins: int, hist_range: tuple[float, float], sample: int | None, max_len: int
+    ) -> None:
+        self.stats = {name: RunningStats(bins, hist_range, sample) for name in names}
+        self.history: dict[str, list[StepStats]] = {name: [] for name in names}
+        self.max_len = max_len
+        self.pending: list[tuple[str, int, DeviceStats]] = []
+
+    def close_window(self, step: int) -> None:
+        """Turn what every layer saw since the last window into pending snapshots keyed by ``step``."""
+        for name, stats in self.stats.items():
+            snap = stats.snapshot(reset=True)
+            if snap is not None:
+                self.pending.append((name, step, snap))
+
+    def discard_window(self) -> None:
+        for stats in self.stats.values():
+            stats.reset()
+
+    def take_pending(self) -> list[tuple[str, int, DeviceStats]]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def store(self, pending: list[tuple[str, int, DeviceStats]], stats: list[TensorStats]) -> bool:
+        """Append read results to the history; True when a layer overflowed and the history was thinned."""
+        for (name, step, _), result in zip(pending, stats, strict=True):
+            self.history[name].append(StepStats(step, result))
+        return thin_if_full(self.history, self.max_len)
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Replace the history with the one :func:`history_state` stored (nothing pending)."""
+        self.history = _history_from_state(list(self.stats), state)
+        self.pending = []
+
+
+# Records per layer a checkpoint keeps. A full history (1000 records of the 13 layers of the digits CNN,
+# activations and output gradients) would add ~27 MB to a 0.7 MB checkpoint; 128 caps it near 3.4 MB.
+SAVED_RECORDS = 128
+
+
+def thin_factor(*histories: dict[str, list[Any]]) -> int:
+    """Keep every n-th record (n a power of two, as repeated thinning does) to fit ``SAVED_RECORDS``."""
+    longest = max((len(records) for history in histories for records in history.values()), default=0)
+    factor = 1
+    while -(-longest // factor) > SAVED_RECORDS:
+        factor *= 2
+    return factor
+
+
+def thinned(history: dict[str, list[Any]], factor: int) -> dict[str, list[Any]]:
+    return {name: records[::factor] for name, records in history.items()}
+
+
+def history_state(history: dict[str, list[StepStats]]) -> dict[str, dict[str, torch.Tensor]]:
+    """The records of every layer that has some, as columns (see :func:`stats_to_columns`) plus steps."""
+    return {
+        name: {
+            "step": torch.tensor([r.step for r in records]),
+            **stats_to_columns([r.stats for r in records]),
+        }
+        for name, records in history.items()
+        if records
+    }
+
+
+def _history_from_state(names: list[str], state: dict[str, Any]) -> dict[str, list[StepStats]]:
+    history: dict[str, list[StepStats]] = {name: [] for name in names}
+    for name, columns in state.items():
+        steps = columns["step"].tolist()
+        history[name] = [StepStats(s, st) for s, st in zip(steps, stats_from_columns(columns), strict=True)]
+    return history
+
+
+def _params_state(history: dict[str, list[ParamRecord]]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per parameter: steps, (grad_norm, update_ratio) as float64 and which of the two are not None."""
+    state = {}
+    for name, records in history.items():
+        values = [(r.grad_norm, r.update_ratio) for r in records]
+        state[name] = {
+            "step": torch.tensor([r.step for r in records], dtype=torch.int64),
+            "values": torch.tensor(
+                [[0.0 if v is None else v for v in pair] for pair in values], dtype=torch.float64
+            ),
+            "present": torch.tensor([[v is not None for v in pair] for pair in values], dtype=torch.bool),
+        }
+    return state
+
+
+def _params_from_state(state: dict[str, Any]) -> dict[str, list[ParamRecord]]:
+    history = {}
+    for name, columns in state.items():
+        rows = zip(
+            columns["step"].tolist(), columns["values"].tolist(), columns["present"].tolist(), strict=True
+        )
+        history[name] = [
+            ParamRecord(step, *(v if has else None for v, has in zip(values, present, strict=True)))
+            for step, values, present in rows
+        ]
+    return history
+
+
+def thin_if_full(history: dict[str, list[Any]], max_len: int) -> bool:
+    """Drop every other record of every layer when one holds more than ``max_len``; True if it did."""
+    if not any(len(records) > max_len for records in history.values()):
+        return False
+    for records in history.values():
+        del records[1::2]
+    return True
+
+
+def _check_settings(owner: str, every: int, history: int, read_every: int) -> None:
+    if every < 1 or history < 2 or read_every < 1:
+        raise ValueError(
+            f"{owner}: every={every}, history={history}, read_every={read_every}; "
+            "use every >= 1, history >= 2 and read_every >= 1"
+        )
+
+
+class ActivationRecorder:
+    """Statistics of the outputs of the selected layers over training steps and validation phases.
+
+    Records training steps that are a multiple of the recording interval ``stride`` (``every``, doubled
+    each time the bounded history is thinned); validation too when ``include_valid`` (one record per
+    validation phase, in ``valid_history``). See :class:`hookscope.callbacks.ActivationStats` for the
+    settings. Fed by :meth:`attach`, :meth:`begin_batch`, :meth:`end_batch`, :meth:`begin_valid`,
+    :meth:`end_valid`, :meth:`close` (or :meth:`fail`).
+    """
+
+    def __init__(
+        self,
+        select: Spec = with_parameters,
+        every: int = 1,
+        include_valid: bool = False,
+        bins: int = 50,
+        range: tuple[float, float] = (-5.0, 5.0),
+        sample: int | None = 2048,
+        history: int = 1000,
+        read_every: int = 100,
+        owner: str = "ActivationStats",
+    ) -> None:
+        _check_settings(owner, every, history, read_every)
+        self.spec, self.every, self.include_valid = select, every, include_valid
+        self.bins, self.range, self.sample = bins, range, sample
+        self.max_history, self.read_every = history, read_every
+        self.stride = every
+        self.training_of: TrainingOf = None
+        self._hooks = HookSet()
+        self._recording = False  # this training step is recorded
+        self._training = False
+        self._in_valid = False
+        self._step = 0
+        self._train: LayerRecorder | None = None
+        self._valid: LayerRecorder | None = None
+        self._unread_steps = 0
+
+    @property
+    def history(self) -> dict[str, list[StepStats]]:
+        """Training records per layer (qualified name), oldest first; reads pending snapshots first."""
+        self.flush()
+        return self._train.history if self._train is not None else {}
+
+    @property
+    def valid_history(self) -> dict[str, list[StepStats]]:
+        """One record per validation phase per layer (only with ``include_valid=True``)."""
+        self.flush()
+        return self._valid.history if self._valid is not None else {}
+
+    def latest(self) -> dict[str, StepStats]:
+        """The most recent training record of every layer that has one."""
+        return {name: records[-1] for name, records in self.history.items() if records}
+
+    def flush(self) -> None:
+        """Copy every pending snapshot to the host in one transfer and append them to the histories."""
+        recorders = [r for r in (self._train, self._valid) if r is not None]
+        pending = [r.take_pending() for r in recorders]
+        snaps = [snap for batch in pending for _, _, snap in batch]
+        if not snaps:
+            return
+        stats, _ = read_all(snaps)
+        offset = 0
+        for recorder, batch in zip(recorders, pending, strict=True):
+            if recorder.store(batch, stats[offset : offset + len(batch)]) and recorder is self._train:
+                self.stride *= 2
+            offset += len(batch)
+        self._unread_steps = 0
+
+    # ---- feed ----------------------------------------------------------------------------------------
+
+    def attach(self, model: nn.Module) -> None:
+        """Hook the selected layers; the history continues when the same layers are watched again."""
+        layers = select(model, self.spec)
+        names = [name for name, _ in layers]
+        if self._train is None or list(self._train.stats) != names:
+            self._train = self._recorder(names)
+            self._valid = self._recorder(names)
+            self.stride = self.every
+        self._hooks.remove()
+        for name, module in layers:
+            self._hooks.forward(module, self._hook(name))
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        """A batch starts; a training batch of ``step`` is recorded when ``step`` is on the interval."""
+        self._training = training
+        if training:
+            self._step = step
+            self._recording = step % self.stride == 0
+
+    def end_batch(self) -> None:
+        """The training step ends: its statistics become one pending record."""
+        if not self._recording:
+            return
+        assert self._train is not None
+        self._train.close_window(self._step)
+        self._recording = False
+        self._unread_steps += 1
+        if self._unread_steps >= self.read_every:
+            self.flush()
+
+    def discard_batch(self) -> None:
+        """Forget what this training step recorded (a step that did not happen)."""
+        if self._train is not None:
+            self._train.discard_window()
+
+    def begin_valid(self) -> None:
+        self._in_valid = self.include_valid
+        self._training = False
+
+    def end_valid(self, step: int) -> None:
+        """The validation phase ends: one record, keyed by the training step it followed."""
+        if self._in_valid and self._valid is not None:
+            self._valid.close_window(step)
+        self._in_valid = False
+
+    def close(self) -> None:
+        """Remove the hooks and read everything pending."""
+        self._hooks.remove()
+        self._recording = self._in_valid = False
+        self.flush()
+
+    def fail(self) -> None:
+        """Remove the hooks after an error; the open windows are dropped, the history kept."""
+        self._hooks.remove()
+        self._recording = self._in_valid = False
+        for recorder in (self._train, self._valid):
+            if recorder is not None:
+                recorder.discard_window()
+
+    # ---- checkpoint state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The host histories (pending snapshots read first; thinned to ``SAVED_RECORDS`` per layer) and
+        the record interval; {} before anything was attached."""
+        if self._train is None or self._valid is None:
+            return {}
+        self.flush()
+        factor = thin_factor(self._train.history)
+        valid = self._valid.history
+        return {
+            "layers": list(self._train.stats),
+            "stride": self.stride * factor,
+            "history": history_state(thinned(self._train.history, factor)),
+            "valid_history": history_state(thinned(valid, thin_factor(valid))),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the histories; the next attach continues them when it watches the same layers."""
+        names = list(state["layers"])
+        self._train, self._valid = self._recorder(names), self._recorder(names)
+        self._train.load(state["history"])
+        self._valid.load(state["valid_history"])
+        self.stride = state["stride"]
+        self._unread_steps = 0
+
+    def _recorder(self, names: list[str]) -> LayerRecorder:
+        return LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
+
+    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            training = self._training if self.training_of is None else self.training_of(module)
+            if training:
+                recorder = self._train if self._recording else None
+            else:
+                recorder = self._valid if self._in_valid else None
+            tensor = first_tensor(output) if recorder is not None else None
+            if tensor is not None and recorder is not None:
+                recorder.stats[name].update(tensor)
+
+        return record
+
+
+class GradientRecorder:
+    """Gradient norms and update ratios per trainable parameter; optionally output-gradient statistics
+    per selected layer (see :class:`hookscope.callbacks.GradientStats` for the settings).
+
+    Fed by :meth:`attach`, :meth:`begin_batch`, :meth:`gradients_ready` (gradients final: unscaled, not
+    yet clipped), :meth:`step_done` (the optimizer stepped), :meth:`step_cancelled` or
+    :meth:`discard_batch`, :meth:`end_batch`, :meth:`close` (or :meth:`fail`).
+    """
+
+    def __init__(
+        self,
+        every: int = 1,
+        select: Spec = with_parameters,
+        output_grads: bool = False,
+        update_ratio: bool = True,
+        bins: int = 50,
+        range: tuple[float, float] = (-1e-3, 1e-3),
+        sample: int | None = 2048,
+        history: int = 1000,
+        read_every: int = 100,
+        owner: str = "GradientStats",
+    ) -> None:
+        _check_settings(owner, every, history, read_every)
+        self.every, self.spec = every, select
+        self.output_grads, self.update_ratio = output_grads, update_ratio
+        self.bins, self.range, self.sample = bins, range, sample
+        self.max_history, self.read_every = history, read_every
+        self.stride = every
+        self.training_of: TrainingOf = None
+        self._hooks = HookSet()
+        self._grad_hooks = HookSet()  # tensor hooks of the current step, removed when it ends
+        self._recording = False
+        self._training = False
+        self._step = 0
+        self._layers: LayerRecorder | None = None
+        self._param_names: list[str] = []
+        self._params: list[nn.Parameter] = []
+        self._ratio: UpdateRatio | None = None
+        self._param_history: dict[str, list[ParamRecord]] = {}
+        self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
+        self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
+        self._unread_steps = 0
+
+    @property
+    def history(self) -> dict[str, list[StepStats]]:
+        """Output-gradient statistics per layer (qualified name), oldest first."""
+        self.flush()
+        return self._layers.history if self._layers is not None else {}
+
+    @property
+    def param_history(self) -> dict[str, list[ParamRecord]]:
+        """Gradient norm and update ratio per trainable parameter (qualified name), oldest first."""
+        self.flush()
+        return self._param_history
+
+    def flush(self) -> None:
+        """Copy everything pending to the host in one transfer and append it to the histories."""
+        layer_pending = self._layers.take_pending() if self._layers is not None else []
+        param_pending, self._pending = self._pending, []
+        if not layer_pending and not param_pending:
+            return
+        vectors = [v for _, _, norms, ratios in param_pending for v in (norms, ratios) if v is not None]
+        stats, arrays = read_all([snap for _, _, snap in layer_pending], vectors)
+        host = iter(arrays)
+        thinned_now = self._layers is not None and self._layers.store(layer_pending, stats)
+        for step, has_grad, norms, ratios in param_pending:
+            norm_values = next(host) if norms is not None else None
+            ratio_values = next(host) if ratios is not None else None
+            self._store_params(step, has_grad, norm_values, ratio_values)
+        thinned_now = thin_if_full(self._param_history, self.max_history) or thinned_now
+        if thinned_now:
+            self.stride *= 2
+        self._unread_steps = 0
+
+    def _store_params(self, step: int, has_grad: list[bool], norms: Any, ratios: Any) -> None:
+        norm_iter = iter(norms if norms is not None else ())
+        for i, name in enumerate(self._param_names):
+            norm = float(next(norm_iter)) if has_grad[i] else None
+            ratio = float(ratios[i]) if ratios is not None else None
+            self._param_history[name].append(ParamRecord(step, norm, ratio))
+
+    # ---- feed ----------------------------------------------------------------------------------------
+
+    def attach(self, model: nn.Module) -> None:
+        """Take the trainable parameters (and hook the selected layers for output gradients); the history
+        continues when the model has the same parameters."""
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        names = [name for name, _ in named]
+        if names != self._param_names:
+            self._param_names = names
+            self._param_history = {name: [] for name in names}
+            self._pending = []
+            self.stride = self.every
+        self._params = [p for _, p in named]
+        self._ratio = UpdateRatio(self._params) if self.update_ratio else None
+        self._hooks.remove()
+        if not self.output_grads:
+            return
+        layers = select(model, self.spec)
+        layer_names = [name for name, _ in layers]
+        if self._layers is None or list(self._layers.stats) != layer_names:
+            self._layers = LayerRecorder(layer_names, self.bins, self.range, self.sample, self.max_history)
+        for name, module in layers:
+            self._hooks.forward(module, self._hook(name))
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        """A batch starts; a training batch of ``step`` is recorded when ``step`` is on the interval."""
+        self._training = training
+        if not training:
+            return
+        self._step = step
+        self._recording = step % self.stride == 0
+        self._step_norms = None
+
+    def gradients_ready(self) -> None:
+        """The gradients are final for this step: take their norms (and the weights, for the ratio)."""
+        if not self._recording:
+            return
+        has_grad = [p.grad is not None for p in self._params]
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norms = grad_norms(grads) if grads else None
+        self._step_norms = (has_grad, norms)
+        if self._ratio is not None:
+            self._ratio.before()
+
+    def step_done(self) -> None:
+        """The optimizer stepped: the norms and update ratios become one pending record."""
+        if not self._recording or self._step_norms is None:
+            return
+        has_grad, norms = self._step_norms
+        ratios = self._ratio.after() if self._ratio is not None else None
+        self._pending.append((self._step, has_grad, norms, ratios))
+
+    def step_cancelled(self) -> None:
+        """The step was cancelled after the gradients were read: keep the norms, without a ratio."""
+        if self._recording and self._step_norms is not None:
+            has_grad, norms = self._step_norms
+            self._pending.append((self._step, has_grad, norms, None))
+        self._step_norms = None
+
+    def discard_batch(self) -> None:
+        """Forget this step's gradients (a step skipped by a grad scaler: they were inf)."""
+        self._grad_hooks.remove()
+        self._step_norms = None
+        if self._layers is not None:
+            self._layers.discard_window()
+
+    def end_batch(self) -> None:
+        """The training step ends: the output-gradient window becomes one pending record."""
+        if not self._recording:
+            return
+        self._grad_hooks.remove()
+        if self._layers is not None:
+            self._layers.close_window(self._step)
+        self._recording = False
+        self._step_norms = None
+        self._unread_steps += 1
+        if self._unread_steps >= self.read_every:
+            self.flush()
+
+    def close(self) -> None:
+        """Remove the hooks and read everything pending."""
+        self._teardown()
+        self.flush()
+
+    def fail(self) -> None:
+        """Remove the hooks after an error; the open window is dropped, the history kept."""
+        self._teardown()
+        if self._layers is not None:
+            self._layers.discard_window()
+
+    # ---- checkpoint state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameter (and output-gradient) histories, pending values read first, thinned to
+        ``SAVED_RECORDS`` per layer, and the record interval."""
+        if not self._param_names and self._layers is None:
+            return {}
+        self.flush()
+        layers = self._layers.history if self._layers is not None else {}
+        factor = thin_factor(self._param_history, layers)
+        state: dict[str, Any] = {
+            "params": list(self._param_names),
+            "stride": self.stride * factor,
+            "param_history": _params_state(thinned(self._param_history, factor)),
+        }
+        if self._layers is not None:
+            state["layers"] = list(self._layers.stats)
+            state["history"] = history_state(thinned(layers, factor))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the histories; the next attach continues them when the model has the same parameters."""
+        self._param_names = list(state["params"])
+        self._param_history = {name: [] for name in self._param_names}
+        self._param_history.update(_params_from_state(state["param_history"]))
+        self._pending = []
+        self.stride = state["stride"]
+        self._unread_steps = 0
+        if "layers" in state:
+            self._layers = LayerRecorder(
+                state["layers"], self.bins, self.range, self.sample, self.max_history
+            )
+            self._layers.load(state["history"])
+
+    def _teardown(self) -> None:
+        self._hooks.remove()
+        self._grad_hooks.remove()
+        self._recording = False
+
+    def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def watch_grad(module: nn.Module, args: Any, output: Any) -> None:
+            training = self._training if self.training_of is None else self.training_of(module)
+            if not (self._recording and training):
+                return
+            tensor = first_tensor(output)
+            if tensor is None or not tensor.requires_grad or self._layers is None:
+                return
+            stats = self._layers.stats[name]
+            self._grad_hooks.tensor(tensor, stats.update)
+
+        return watch_grad
