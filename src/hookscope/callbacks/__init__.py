@@ -12,11 +12,12 @@ if TYPE_CHECKING:
     from hookscope.callbacks.doctor import Doctor
     from hookscope.callbacks.early_stopping import EarlyStopping
     from hookscope.callbacks.guard import NonFiniteGuard
-    from hookscope.callbacks.loggers import MetricsLogger
+    from hookscope.callbacks.loggers import CSVLogger, MetricsLogger
     from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
     from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
     from hookscope.callbacks.precision import MixedPrecision
     from hookscope.callbacks.progress import ProgressBar
+    from hookscope.callbacks.pruning import Pruning
     from hookscope.callbacks.recorder import Recorder
     from hookscope.callbacks.run_folder import RunFolder
     from hookscope.callbacks.schedule import (
@@ -30,9 +31,11 @@ if TYPE_CHECKING:
         sched_exp,
         sched_lin,
     )
+    from hookscope.callbacks.trackers import MLflowCallback, TensorBoardCallback, WandbCallback
 
 __all__ = [
     "ActivationStats",
+    "CSVLogger",
     "CallbackCost",
     "Checkpoint",
     "CosineAnnealing",
@@ -45,6 +48,7 @@ __all__ = [
     "LRFindResult",
     "LRFinder",
     "LRScheduler",
+    "MLflowCallback",
     "MetricsLogger",
     "MixedPrecision",
     "NonFiniteGuard",
@@ -52,9 +56,12 @@ __all__ = [
     "ParamRecord",
     "ParamScheduler",
     "ProgressBar",
+    "Pruning",
     "Recorder",
     "RunFolder",
     "StepStats",
+    "TensorBoardCallback",
+    "WandbCallback",
     "combine_scheds",
     "sched_const",
     "sched_cos",
@@ -64,6 +71,7 @@ __all__ = [
 
 _MONITOR = "hookscope.callbacks.monitor"
 _SCHEDULE = "hookscope.callbacks.schedule"
+_TRACKERS = "hookscope.callbacks.trackers"
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
@@ -76,6 +84,10 @@ __getattr__, __dir__ = lazy_exports(
         "EarlyStopping": "hookscope.callbacks.early_stopping",
         "NonFiniteGuard": "hookscope.callbacks.guard",
         "MetricsLogger": "hookscope.callbacks.loggers",
+        "CSVLogger": "hookscope.callbacks.loggers",
+        "MLflowCallback": _TRACKERS,
+        "TensorBoardCallback": _TRACKERS,
+        "WandbCallback": _TRACKERS,
         "LRFinder": "hookscope.callbacks.lr_finder",
         "LRFindResult": "hookscope.callbacks.lr_finder",
         "ActivationStats": _MONITOR,
@@ -84,6 +96,7 @@ __getattr__, __dir__ = lazy_exports(
         "StepStats": _MONITOR,
         "MixedPrecision": "hookscope.callbacks.precision",
         "ProgressBar": "hookscope.callbacks.progress",
+        "Pruning": "hookscope.callbacks.pruning",
         "Recorder": "hookscope.callbacks.recorder",
         "RunFolder": "hookscope.callbacks.run_folder",
         "CosineAnnealing": _SCHEDULE,

@@ -198,11 +198,26 @@ def masks_to_restore(model: nn.Module, state: Mapping[str, Any]) -> list[str]:
 
 def restore_masks(model: nn.Module, names: Iterable[str]) -> None:
     """Put a (keep-everything) mask on each qualified tensor name, so that loading a pruned model's
-    ``state_dict`` fills ``_orig`` and ``_mask`` as saved. The parameter object is kept (as ``_orig``), so an
-    optimizer built on the model still updates it."""
+    ``state_dict`` fills ``_orig`` and ``_mask`` as saved (the masked tensors are recomputed after that
+    load). The parameter object is kept (as ``_orig``), so an optimizer built on the model still updates
+    it."""
+    names = list(names)
     for qualified in names:
         module_name, _, tensor_name = qualified.rpartition(".")
         torch_prune.identity(model.get_submodule(module_name), tensor_name)
+    if names:
+        _refresh_after_next_load(model)
+
+
+def _refresh_after_next_load(model: nn.Module) -> None:
+    """Recompute the masked tensors once the coming ``load_state_dict`` filled ``_orig`` and ``_mask``:
+    until then they hold the old weights (the pruning pre-hook refreshes them only at a forward)."""
+
+    def refresh(module: nn.Module, incompatible: Any) -> None:
+        handle.remove()
+        refresh_masked(module)
+
+    handle = model.register_load_state_dict_post_hook(refresh)
 
 
 def _row(module_name: str, module: nn.Module, param: str) -> SparsityRow:

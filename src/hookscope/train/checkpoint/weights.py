@@ -2,7 +2,8 @@
 
 Checkpoints store the unwrapped model's ``state_dict`` so a file saved under DistributedDataParallel loads
 into the plain model and back. A state that does not fit is refused in one line naming the first
-mismatching keys, before anything is changed.
+mismatching keys, before anything is changed. A pruned model's checkpoint (``weight_orig`` and
+``weight_mask`` where the model has ``weight``) fits a fresh copy of the model: its masks are put back.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from hookscope.pruning.masks import masks_to_restore, restore_masks
 from hookscope.train.checkpoint.file import CheckpointError
 
 _SHOWN = 3  # how many mismatching keys an error message names
@@ -25,8 +27,14 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def check_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
     """Raise one line naming ``source`` (the file) and the first missing, unexpected and mis-shaped keys
-    when ``state`` does not fit ``model``."""
-    own = model.state_dict()
+    when ``state`` does not fit ``model``.
+
+    When ``state`` holds pruned tensors that ``model`` holds unpruned, and fits otherwise, the pruning masks
+    are put on ``model`` (``weight_orig`` stays the same parameter object, so an optimizer keeps it) for
+    ``load_state_dict`` to fill; a refused state changes nothing.
+    """
+    pruned = masks_to_restore(model, state)
+    own = _with_masks(model.state_dict(), pruned)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
@@ -46,8 +54,27 @@ def check_model_state(model: nn.Module, state: Mapping[str, torch.Tensor], sourc
     if problems:
         raise CheckpointError(
             f"{source} was saved from another model ({type(model).__name__} here): {'; '.join(problems)}; "
-            "build the same architecture before loading"
+            f"{_fix(missing)}"
         )
+    restore_masks(model, pruned)
+
+
+def _with_masks(own: Mapping[str, torch.Tensor], pruned: list[str]) -> dict[str, torch.Tensor]:
+    """``own`` as it will be once ``pruned`` tensors carry masks: ``<name>_orig`` and ``<name>_mask``."""
+    keys = dict(own)
+    for name in pruned:
+        tensor = keys.pop(name)
+        keys[f"{name}_orig"] = keys[f"{name}_mask"] = tensor
+    return keys
+
+
+def _fix(missing: list[str]) -> str:
+    if any(key.endswith(("_orig", "_mask")) for key in missing):
+        return (
+            "this model is pruned and the file is not; load it before pruning, or make the file's model "
+            "pruned alike (hs.prune) before saving"
+        )
+    return "build the same architecture before loading"
 
 
 def _head(items: list[str]) -> str:
