@@ -5,12 +5,12 @@
 
 The folder holds ``config.json`` (options, command, versions, times, status), ``metrics.csv/.jsonl`` (a
 :class:`MetricsLogger`), ``summary.txt/.json``, ``findings.json`` and ``stats.json`` (when a Doctor or
-ActivationStats ran), ``figures/*.png`` (curves, statistics, gradient flow, feature maps of the first
-convolutions), ``checkpoints/`` when asked, and ``report.html``. It is written under the hidden name
-``.<name>.partial`` and renamed into place when the fit ends (see :mod:`hookscope.staged_folder`); a fit
-that fails or is interrupted keeps the partial folder, with a report saying where it stopped, and
-``fit(n, resume=<folder>)`` with the same callback continues it. ``hookscope train`` is this callback
-around a Learner.
+ActivationStats ran), ``pruning.json`` (when a Pruning callback ran), ``figures/*.png`` (curves,
+statistics, gradient flow, feature maps of the first convolutions), ``checkpoints/`` when asked, and
+``report.html``. It is written under the hidden name ``.<name>.partial`` and renamed into place when the
+fit ends (see :mod:`hookscope.staged_folder`); a fit that fails or is interrupted keeps the partial
+folder, with a report saying where it stopped, and ``fit(n, resume=<folder>)`` with the same callback
+continues it. ``hookscope train`` is this callback around a Learner.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.callbacks.pruning import Pruning
 from hookscope.doctor.findings import Finding
+from hookscope.doctor.records import ActivationRecorder, GradientRecorder, StepStats
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
@@ -96,6 +98,8 @@ class RunFolder(Callback):
         self._previous: dict[str, Any] = {}
         self._start, self._started = time.perf_counter(), _now()
         self._sweeping = self._cancelled = False
+        # where each tracker callback (TensorBoard, W&B, MLflow) writes, for config.json and the report
+        self.trackers: dict[str, dict[str, str]] = {}
 
     @property
     def parts(self) -> list[Callback]:
@@ -138,8 +142,18 @@ class RunFolder(Callback):
         self._write_results(status, error=f"{type(exc).__name__}: {exc}")
 
     def publish(self) -> Path:
-        """Rename the finished run into place (replacing the run it may replace); returns its path."""
-        return self.folder.finish()
+        """Rename the finished run into place (replacing the run it may replace); returns its path.
+
+        Callbacks with a ``run_folder_moved(old, new)`` method are told (a tracker store that keeps
+        absolute paths, MLflow's, follows the folder)."""
+        old = self.folder.path
+        final = self.folder.finish()
+        learn = getattr(self, "learn", None)
+        for cb in flatten(learn.cbs) if learn is not None else ():
+            moved = getattr(cb, "run_folder_moved", None)
+            if moved is not None:
+                _try(f"{type(cb).__name__}'s paths", lambda moved=moved: moved(old, final))
+        return final
 
     def mark_failed(self, reason: str) -> None:
         """Record in config.json and the report that the run is not a success (``reason``), after a fit
@@ -178,6 +192,11 @@ class RunFolder(Callback):
         activations = doctor.activations if doctor is not None else _first(self.learn, ActivationStats)
         if activations is not None:
             _try("stats.json", lambda: self._write_stats(activations))
+        pruning = _first(self.learn, Pruning)
+        if pruning is not None:
+            _try(
+                "pruning.json", lambda: atomic_write_json(self.folder.file("pruning.json"), pruning.record())
+            )
         if self.figures:
             gradients = doctor.gradients if doctor is not None else _first(self.learn, GradientStats)
             _try("the figures", lambda: self._write_figures(activations, gradients))
@@ -194,7 +213,7 @@ class RunFolder(Callback):
             "command": self.command,
             "commands": self._commands(),
             "options": self.config,
-            "learner": _learner_facts(learn),
+            "learner": learner_facts(learn),
             "versions": versions(),
             "started": previous.get("started", self._started),
             "status": status,
@@ -213,6 +232,9 @@ class RunFolder(Callback):
             config["error"] = error
         if learn.resumed_from is not None:
             config["resumed_from"] = str(learn.resumed_from)
+        trackers = {**previous.get("trackers", {}), **self.trackers}
+        if trackers:
+            config["trackers"] = trackers
         atomic_write_json(self.folder.file(CONFIG), config)
 
     def _commands(self) -> list[str]:
@@ -240,25 +262,10 @@ class RunFolder(Callback):
         atomic_write_json(self.folder.file("summary.json"), summary_record(table))
 
     def _write_findings(self, doctor: Doctor) -> None:
-        atomic_write_json(self.folder.file("findings.json"), [f.to_dict() for f in ranked(doctor.findings)])
+        write_findings(self.folder.file, doctor.findings)
 
     def _write_stats(self, activations: ActivationStats) -> None:
-        """``stats.json``: the last recorded activation statistics of every watched layer."""
-        rows = [
-            {
-                "layer": name,
-                "step": record.step,
-                "mean": record.stats.mean,
-                "std": record.stats.std,
-                "dead_units": record.stats.dead_fraction(),
-                "non_finite": record.stats.nonfinite,
-                "abs_max": record.stats.abs_max,
-                "zeros": record.stats.zero_fraction,
-                "sampled": record.stats.sampled,
-            }
-            for name, record in activations.latest().items()
-        ]
-        atomic_write_json(self.folder.file("stats.json"), rows)
+        write_stats(self.folder.file, activations.latest())
 
     def _write_figures(self, activations: ActivationStats | None, gradients: GradientStats | None) -> None:
         from hookscope.viz.run_figures import write_run_figures  # matplotlib loads here, not with hookscope
@@ -266,9 +273,76 @@ class RunFolder(Callback):
         write_run_figures(self.learn, self.folder.file, activations, gradients, self._sample)
 
     def _write_report(self) -> None:
-        from hookscope.viz.report import write_report
+        _report(self.folder.path)
 
-        write_report(self.folder.path)
+
+def write_findings(file: Callable[[str], Path], findings: list[Finding]) -> None:
+    """``findings.json``: every finding, most severe first."""
+    atomic_write_json(file("findings.json"), [f.to_dict() for f in ranked(findings)])
+
+
+def write_stats(file: Callable[[str], Path], latest: Mapping[str, StepStats]) -> None:
+    """``stats.json``: the last recorded activation statistics of every watched layer."""
+    rows = [
+        {
+            "layer": name,
+            "step": record.step,
+            "mean": record.stats.mean,
+            "std": record.stats.std,
+            "dead_units": record.stats.dead_fraction(),
+            "non_finite": record.stats.nonfinite,
+            "abs_max": record.stats.abs_max,
+            "zeros": record.stats.zero_fraction,
+            "sampled": record.stats.sampled,
+        }
+        for name, record in latest.items()
+    ]
+    atomic_write_json(file("stats.json"), rows)
+
+
+def write_watch_folder(
+    out: str | Path,
+    config: Mapping[str, Any],
+    findings: list[Finding],
+    activations: ActivationRecorder | None,
+    gradients: GradientRecorder | None,
+    losses: list[float],
+    model: torch.nn.Module,
+) -> Path:
+    """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
+    versions), findings.json, stats.json, the loss and statistics figures and report.html; returns the
+    published folder. An existing run at ``out`` is refused, as by RunFolder without ``overwrite``."""
+    folder = StagedFolder.start(out, KIND)
+    facts = {"name": folder.final.name, "command": shlex.join(["python", *sys.argv]), "versions": versions()}
+    atomic_write_json(folder.file(CONFIG), {**facts, **config, "ended": _now()})
+    _try("findings.json", lambda: write_findings(folder.file, findings))
+    if activations is not None:
+        _try("stats.json", lambda: write_stats(folder.file, activations.latest()))
+    _try("the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model))
+    _try("report.html", lambda: _report(folder.path))
+    return folder.finish()
+
+
+def _write_watch_figures(
+    file: Callable[[str], Path],
+    losses: list[float],
+    activations: ActivationRecorder | None,
+    gradients: GradientRecorder | None,
+    model: torch.nn.Module,
+) -> None:
+    from hookscope.viz.curves import loss_curves  # matplotlib loads here, not with hookscope
+    from hookscope.viz.feature_maps import save_figure
+    from hookscope.viz.run_figures import write_statistics_figures
+
+    if losses:
+        save_figure(loss_curves(losses, []), file("figures/loss.png"))
+    write_statistics_figures(model, file, activations, gradients)
+
+
+def _report(folder: Path) -> None:
+    from hookscope.viz.report import write_report
+
+    write_report(folder)
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:
@@ -315,7 +389,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _learner_facts(learn: Any) -> dict[str, Any]:
+def learner_facts(learn: Any) -> dict[str, Any]:
     """What the Learner itself says about the run, for config.json and the report's cards."""
     return {
         "model": type(learn.model).__name__,

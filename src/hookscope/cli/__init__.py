@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from hookscope._lazy import lazy_exports
-from hookscope.cli.options import DEFAULTS
+from hookscope.cli.options import DEFAULTS, tracker_names
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -136,6 +136,13 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
     )
     p.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda when available)")
     p.add_argument(
+        "--log",
+        type=_trackers,
+        metavar="TRACKERS",
+        help="also log to tensorboard, wandb and/or mlflow, comma separated, inside the run folder (W&B "
+        "offline unless WANDB_MODE says otherwise; MLflow in mlflow.db unless MLFLOW_TRACKING_URI is set)",
+    )
+    p.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue an interrupted or finished run from its last checkpoint (only --epochs may change)",
@@ -207,6 +214,13 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         "model", metavar="MODEL", help="torchvision name, package.module:factory or file.py:factory"
     )
     p.add_argument("--weights", metavar="FILE", help="a local state_dict to load (torch.save)")
+
+
+def _trackers(text: str) -> str:
+    try:
+        return ",".join(tracker_names(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--log {text}: ")) from None
 
 
 def _positive_int(text: str) -> int:

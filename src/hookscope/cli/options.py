@@ -26,6 +26,22 @@ class TrainOptions:
     image_size: int = 64
     device: str | None = None
     out: str | None = None
+    log: str | None = None  # trackers, comma separated: tensorboard,wandb,mlflow
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def tracker_names(text: str | None) -> list[str]:
+    """The trackers ``--log`` names, in order: ``"tensorboard, wandb"`` -> ``["tensorboard", "wandb"]``;
+    a ValueError names an unknown one."""
+    names = [name.strip().lower() for name in (text or "").split(",") if name.strip()]
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown:
+        raise ValueError(
+            f"--log {text}: unknown tracker {', '.join(unknown)}; choose from {', '.join(TRACKERS)}"
+        )
+    return list(dict.fromkeys(names))
 
 
 DEFAULTS = TrainOptions()

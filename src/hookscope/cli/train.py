@@ -23,8 +23,11 @@ from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.run_folder import RunFolder, ranked
 from hookscope.callbacks.schedule import OneCycle
+from hookscope.callbacks.trackers.mlflow import MLflowCallback
+from hookscope.callbacks.trackers.tensorboard import TensorBoardCallback
+from hookscope.callbacks.trackers.wandb import WandbCallback
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
-from hookscope.cli.options import OPTION_NAMES, TrainOptions
+from hookscope.cli.options import OPTION_NAMES, TrainOptions, tracker_names
 from hookscope.doctor.findings import Finding
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
@@ -109,8 +112,8 @@ def build_learner(options: TrainOptions, out: str | Path, command: str = "", res
 
 
 def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -> list[Callback]:
-    """The callbacks ``options`` ask for: one-cycle, precision, clipping, the doctor, and the run folder
-    (metrics, checkpoints with the best by validation loss, figures, report)."""
+    """The callbacks ``options`` ask for: one-cycle, precision, clipping, the doctor, the trackers of
+    ``--log``, and the run folder (metrics, checkpoints with the best by validation loss, figures, report)."""
     cbs: list[Callback] = [OneCycle(options.lr)]
     if options.precision != "32":
         cbs.append(MixedPrecision(torch.bfloat16 if options.precision == "bf16" else torch.float16))
@@ -118,6 +121,8 @@ def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -
         cbs.append(GradientClip(options.clip))
     if options.doctor:
         cbs.append(Doctor())
+    trackers = {"tensorboard": TensorBoardCallback, "wandb": WandbCallback, "mlflow": MLflowCallback}
+    cbs += [trackers[name]() for name in tracker_names(options.log)]
     checkpoints = {"monitor": "valid_loss", "sigint": True}
     cbs.append(
         RunFolder(out, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)

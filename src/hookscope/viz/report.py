@@ -110,7 +110,9 @@ def write_report(run_dir: str | Path) -> Path:
         *_figure_sections(figures, config, summary),
         _findings_section(findings),
         _stats_section(stats),
+        _pruning_section(_read_json(run_dir / "pruning.json", None)),
         _summary_section(summary),
+        _trackers_section(config.get("trackers", {})),
         _config_section(config),
     ]
     title = f"hookscope report: {config.get('name') or run_dir.name}"  # not the .NAME.partial folder
@@ -290,6 +292,28 @@ def _stats_section(stats: list[dict[str, Any]]) -> str:
     return _section("Per-layer activation statistics", lead, _table(columns, rows, numeric, "stats"))
 
 
+def _pruning_section(pruning: dict[str, Any] | None) -> str:
+    """The Pruning callback's schedule and the sparsity it left per layer; nothing when it did not run."""
+    if not pruning:
+        return ""
+    kind = "structured" if pruning.get("structured") else "unstructured"
+    lead = (
+        f"{kind.capitalize()} {pruning.get('how')} pruning ({pruning.get('scope')} scope) from "
+        f"{_fmt(pruning.get('initial_sparsity'))} to {_fmt(pruning.get('final_sparsity'))} sparsity between "
+        f"steps {pruning.get('start_step')} and {pruning.get('end_step')}, every {pruning.get('every')} steps"
+        + (f", rewound to step {pruning['rewind_step']}" if pruning.get("rewind_step") is not None else "")
+        + f". Reached {_fmt(pruning.get('sparsity', {}).get('total'))} overall."
+    )
+    keys = ["name", "param", "numel", "zeros", "sparsity", "channels_pruned", "channels"]
+    rows = [
+        [html.escape(_fmt(row.get(k, ""))) for k in keys]
+        for row in pruning.get("sparsity", {}).get("rows", [])
+    ]
+    schedule = ", ".join(f"step {int(step)}: {target:.3f}" for step, target, _ in pruning.get("log", []))
+    body = _table(["layer", *keys[1:]], rows, numeric={2, 3, 4, 5, 6}, table_id="pruning")
+    return _section("Pruning", lead, body + f'<p class="note">Schedule followed: {html.escape(schedule)}</p>')
+
+
 def _summary_section(summary: dict[str, Any]) -> str:
     lead = "Every layer with its output shape, parameters and multiply-accumulates for one validation sample."
     rows_in = summary.get("rows", [])
@@ -304,6 +328,23 @@ def _summary_section(summary: dict[str, Any]) -> str:
         f"<b>{_count(summary.get('total_macs'))}</b></p>"
     )
     return _section("Model summary", lead, totals + _table(columns, rows, numeric, "summary"))
+
+
+def _trackers_section(trackers: dict[str, dict[str, str]]) -> str:
+    """Where each tracker callback (TensorBoard, W&B, MLflow) wrote, and the command that opens it."""
+    if not trackers:
+        return ""
+    rows = [
+        [
+            html.escape(name),
+            f"<code>{html.escape(t.get('path', ''))}</code>",
+            f"<code>{html.escape(t.get('open', ''))}</code>",
+        ]
+        for name, t in trackers.items()
+    ]
+    lead = "The experiment trackers this run logged to; paths are inside the run folder unless absolute."
+    table = _table(["tracker", "where", "open it (from the run folder)"], rows, set(), "trackers")
+    return _section("Trackers", lead, table)
 
 
 def _config_section(config: dict[str, Any]) -> str:

@@ -5,8 +5,9 @@ from typing import TYPE_CHECKING
 from hookscope._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from hookscope.callbacks.loggers.metrics import MetricsLogger
+    from hookscope.callbacks.loggers.metrics import CSVLogger, MetricsLogger
 
-__all__ = ["MetricsLogger"]
+__all__ = ["CSVLogger", "MetricsLogger"]
 
-__getattr__, __dir__ = lazy_exports(__name__, {"MetricsLogger": "hookscope.callbacks.loggers.metrics"})
+_METRICS = "hookscope.callbacks.loggers.metrics"
+__getattr__, __dir__ = lazy_exports(__name__, {"CSVLogger": _METRICS, "MetricsLogger": _METRICS})

@@ -126,3 +126,19 @@ def _to_csv(rows: list[dict[str, Any]]) -> str:
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
     """JSON has no NaN/Infinity: write them as null so every JSON reader accepts the file."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+class CSVLogger(MetricsLogger):
+    """fastai's name for the CSV logger (``learn.csv_logger``): a :class:`MetricsLogger` writing
+    ``metrics.csv`` and ``metrics.jsonl`` into ``folder``, the working directory by default."""
+
+    def __init__(self, folder: str | Path = ".", every: int = 10, flush_rows: int = 50) -> None:
+        super().__init__(folder, every=every, flush_rows=flush_rows)
+
+    def read_log(self) -> Any:
+        """The logged rows as a pandas DataFrame, as fastai's ``read_log()`` returns them."""
+        try:
+            import pandas as pd
+        except ImportError as err:
+            raise ImportError(f"CSVLogger.read_log needs pandas ({err}); pip install pandas") from err
+        return pd.read_csv(self.folder / "metrics.csv")
