@@ -158,9 +158,8 @@ class Recorder(Callback):
         mid_train = getattr(self, "learn", None) is not None and self.learn.training
         losses = torch.stack(self._phase_losses).tolist() if mid_train and self._phase_losses else []
         sizes = list(self._phase_sizes) if mid_train else []
-        if distributed.is_distributed():
-            ranks = distributed.all_gather((losses, sizes))
-            losses, sizes = [x for r in ranks for x in r[0]], [n for r in ranks for n in r[1]]
+        ranks = distributed.all_gather((losses, sizes))
+        losses, sizes = [x for r in ranks for x in r[0]], [n for r in ranks for n in r[1]]
         return {
             "history": [dict(row) for row in self.history],
             "losses": self.losses,
@@ -168,6 +167,7 @@ class Recorder(Callback):
             "smooth": {"ema": float(self._ema), "count": self._ema_count},
             "epoch_losses": losses,
             "epoch_sizes": sizes,
+            "epoch_ranks": len(ranks),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -179,9 +179,7 @@ class Recorder(Callback):
         self._lrs = list(state["lrs"])
         self._ema = torch.tensor(state["smooth"]["ema"])
         self._ema_count = state["smooth"]["count"]
-        self._carried = (list(state["epoch_losses"]), list(state["epoch_sizes"]))
-        if not distributed.is_rank_zero():  # rank 0 carries every rank's losses before the save
-            self._carried = ([], [])
+        self._carried = _own_share(state)
         self._keep_on_next_fit = True
 
     # ---- helpers -------------------------------------------------------------------------------------
@@ -259,6 +257,18 @@ class Recorder(Callback):
     def _unmeasured_valid(self) -> dict[str, torch.Tensor]:
         nan = torch.tensor(math.nan, device=self.learn.device)
         return {"valid_loss": nan, **{name: nan for name in self.metric_names}}
+
+
+def _own_share(state: dict[str, Any]) -> tuple[list[float], list[int]]:
+    """This rank's training losses and batch sizes of a resumed epoch before the save. The ranks that
+    saved together each take their own (every rank did as many batches); resumed by another number of
+    processes, rank 0 carries them all, so each still counts once."""
+    losses, sizes = list(state["epoch_losses"]), list(state["epoch_sizes"])
+    saved_by, world, rank = state.get("epoch_ranks", 1), distributed.world_size(), distributed.rank()
+    if saved_by == world:
+        n = len(losses) // world
+        return losses[rank * n : (rank + 1) * n], sizes[rank * n : (rank + 1) * n]
+    return (losses, sizes) if rank == 0 else ([], [])
 
 
 def _batch_size(item: Any) -> int:

@@ -1,0 +1,147 @@
+"""A tiny training script that the distributed tests run unchanged in one process or under torchrun.
+
+Each rank writes ``<out>/rank<r>.pt``: final weights, history, findings, per-layer statistics, and what it
+saw (world size, batches per epoch). Options (see ``main``) choose the data split, a fault on one rank,
+checkpoints and resume, the doctor, and a pause after a given step (so a test can ``kill -9`` the job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+from hookscope.train import distributed
+
+
+class Fault(hs.Callback):
+    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``) or raise (``raise``)."""
+
+    order = -30
+
+    def __init__(self, kind: str, rank: int, step: int) -> None:
+        self.kind, self.rank, self.step = kind, rank, step
+
+    def before_batch(self) -> None:
+        learn = self.learn
+        if distributed.rank() != self.rank or not learn.training or learn.training_step < self.step:
+            return
+        if self.kind == "raise":
+            raise ValueError(f"injected failure on rank {self.rank} at step {learn.training_step}")
+        learn.xb = (torch.full_like(learn.xb[0], float("nan")),)
+
+
+class PauseAt(hs.Callback):
+    """After optimizer step ``step``: write this process's id to ``<out>/paused<rank>`` and sleep (the test
+    kills the job there)."""
+
+    order = 100
+
+    def __init__(self, step: int, out: Path) -> None:
+        self.step, self.out = step, out
+
+    def after_batch(self) -> None:
+        if self.learn.training_step == self.step:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / f"paused{distributed.rank()}").write_text(str(os.getpid()))
+            time.sleep(600)
+
+
+def data(batch_size: int, shuffle: bool) -> hs.DataLoaders:
+    """120 training and 51 validation samples of 8 features, 3 classes (51: shards of 26 and 25)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(171, 8, generator=gen), torch.randint(0, 3, (171,), generator=gen)
+    loader_gen = torch.Generator().manual_seed(1)
+    train = DataLoader(
+        TensorDataset(x[:120], y[:120]), batch_size=batch_size, shuffle=shuffle, generator=loader_gen
+    )
+    valid = DataLoader(TensorDataset(x[120:], y[120:]), batch_size=batch_size)
+    return hs.DataLoaders(train, valid)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-size", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--fault", choices=["nan", "raise"])
+    parser.add_argument("--fault-rank", type=int, default=1)
+    parser.add_argument("--fault-step", type=int, default=3)
+    parser.add_argument("--doctor", action="store_true")
+    parser.add_argument("--guard", action="store_true")
+    parser.add_argument("--checkpoints", type=Path)
+    parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--pause-at", type=int)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(16, 3))
+    cbs: list[hs.Callback] = []
+    if args.fault:
+        cbs.append(Fault(args.fault, args.fault_rank, args.fault_step))
+    if args.doctor:
+        cbs.append(hs.callbacks.Doctor())
+    if args.guard:
+        cbs.append(hs.callbacks.NonFiniteGuard(quiet=True))
+    if args.checkpoints:
+        cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every))
+    if args.pause_at is not None:
+        cbs.append(PauseAt(args.pause_at, args.out))
+    learn = hs.Learner(
+        model,
+        data(args.batch_size, args.shuffle),
+        nn.CrossEntropyLoss(),
+        opt_func=torch.optim.SGD,
+        lr=0.1,
+        metrics=[hs.metrics.accuracy],
+        cbs=cbs,
+        progress=False,
+    )
+    seen: dict[str, int] = {}
+    learn.add_cb(_Seen(seen))
+    learn.fit(args.epochs, resume="last" if args.resume else None)
+    doctor = getattr(learn, "doctor", None)
+    result = {
+        "weights": learn.model.state_dict(),
+        "history": learn.recorder.history,
+        "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
+        "stats": _stats(doctor),
+        "guard": getattr(getattr(learn, "non_finite_guard", None), "reason", None),
+        **seen,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save(result, args.out / f"rank{int(os.environ.get('RANK', 0))}.pt")
+
+
+class _Seen(hs.Callback):
+    """Records the world size and the number of training batches per epoch this rank saw."""
+
+    def __init__(self, seen: dict[str, int]) -> None:
+        self.seen = seen
+
+    def before_train(self) -> None:
+        self.seen.update(world=distributed.world_size(), n_iter=self.learn.n_iter)
+
+
+def _stats(doctor: object) -> dict[str, list[float]]:
+    """The last activation statistics per layer: count, mean, std, abs-max, non-finite count."""
+    if doctor is None:
+        return {}
+    latest = doctor.activations.latest()
+    return {
+        name: [r.stats.count, r.stats.mean, r.stats.std, r.stats.abs_max, r.stats.nonfinite]
+        for name, r in latest.items()
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The Learner under torchrun: 2 processes on CPU (gloo) against 1, failures, exact resume, the command.
+
+Every multi-process test launches ``python -m torch.distributed.run --standalone`` (a free port each time)
+on ``distributed_script.py`` and has a timeout, so a hang fails instead of blocking CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hookscope.train import distributed
+
+SCRIPT = Path(__file__).with_name("distributed_script.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# Weights of 2 processes x batch 12 against 1 process x batch 24 after 10 SGD steps: the gradient average
+# over ranks rounds differently from the mean over one batch (measured difference ~1.5e-8).
+TOLERANCE = 1e-6
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` (a script and its options, or ``-m module ...``) under torchrun."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, env=ENV, check=False
+    )
+
+
+def script(out: Path, *options: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run the test script under torchrun; fail with its output when it fails."""
+    done = torchrun(str(SCRIPT), "--out", str(out), *options, nproc=nproc)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def results(out: Path, nproc: int = 2) -> list[dict]:
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+# ---- in one process ----------------------------------------------------------------------------------
+
+
+def test_one_process_is_rank_zero_of_one_and_reductions_return_their_input() -> None:
+    assert (distributed.rank(), distributed.world_size(), distributed.is_rank_zero()) == (0, 1, True)
+    assert not distributed.is_distributed()
+    sums, count = torch.tensor([6.0, 3.0]), torch.tensor(3.0)
+    assert distributed.weighted_means(sums, count).tolist() == [2.0, 1.0]
+    flag = torch.tensor(True)
+    assert distributed.any_rank(flag) is not None and bool(distributed.any_rank(flag))
+    assert distributed.all_gather({"a": 1}) == [{"a": 1}]
+
+
+def test_validation_shards_hold_every_sample_once_without_padding() -> None:
+    shards = [list(distributed.ShardSampler(51, r, 2)) for r in range(2)]
+    assert [len(s) for s in shards] == [26, 25]
+    assert sorted(shards[0] + shards[1]) == list(range(51))
+
+
+# ---- under torchrun ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_processes_train_as_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
+    one = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--batch-size", "24"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=ENV,
+        check=False,
+    )
+    assert one.returncode == 0, one.stderr
+    script(tmp_path / "two", "--batch-size", "12")
+    (single,) = results(tmp_path / "one", nproc=1)
+    rank0, rank1 = results(tmp_path / "two")
+    assert (single["world"], rank0["world"]) == (1, 2)
+    assert single["n_iter"] == rank0["n_iter"] == 5  # 120 samples: 5 batches of 24, or 5 of 12 per rank
+    for name, weight in single["weights"].items():
+        torch.testing.assert_close(rank0["weights"][name], weight, rtol=0, atol=TOLERANCE)
+        assert torch.equal(rank0["weights"][name], rank1["weights"][name])
+    for row, row0, row1 in zip(single["history"], rank0["history"], rank1["history"], strict=True):
+        for key in ("train_loss", "valid_loss", "accuracy"):  # global, sample-weighted (shards 26 + 25)
+            assert row0[key] == pytest.approx(row[key], abs=TOLERANCE)
+            assert row0[key] == row1[key]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_error_on_one_rank_ends_both_with_the_error_printed_once(tmp_path: Path) -> None:
+    start = time.monotonic()
+    done = torchrun(str(SCRIPT), "--out", str(tmp_path), "--fault", "raise", "--fault-step", "3")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count("ValueError: injected failure on rank 1 at step 3") == 1, output
+    assert time.monotonic() - start < 120
+    assert not list(tmp_path.glob("rank*.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_kill_9_then_resume_gives_the_uninterrupted_weights_bitwise(tmp_path: Path) -> None:
+    options = ["--shuffle", "--dropout", "0.3", "--epochs", "3", "--every", "3"]
+    script(tmp_path / "whole", *options, "--checkpoints", str(tmp_path / "ckpt-whole"))
+
+    out, ckpt = tmp_path / "cut", tmp_path / "ckpt-cut"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(SCRIPT), "--out", str(out), *options, "--checkpoints", str(ckpt)]
+    job = subprocess.Popen(
+        [*command, "--pause-at", "7"],
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ranks: list[int] = []
+    try:
+        paused = [out / "paused0", out / "paused1"]
+        deadline = time.monotonic() + 150
+        while not all(p.exists() for p in paused) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert all(p.exists() for p in paused), "the job never reached step 7"
+        time.sleep(0.2)  # the ids are written
+        ranks += [int(p.read_text()) for p in paused]
+    finally:
+        # torchrun starts each rank in a session of its own: kill the launcher and both ranks at once
+        for pid in [job.pid, *ranks]:
+            os.kill(pid, signal.SIGKILL)
+        job.wait()
+    saved = torch.load(ckpt / "last.pt", weights_only=True)
+    assert saved["position"]["epoch"] == 1 and saved["position"]["iter"] == 1  # mid-epoch, step 6
+    assert len(saved["ranks"]) == 2
+
+    resumed = subprocess.run(
+        [*command, "--resume"], capture_output=True, text=True, timeout=150, env=ENV, check=False
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    whole, cut = results(tmp_path / "whole"), results(out)
+    for rank in range(2):
+        for name, weight in whole[rank]["weights"].items():
+            assert torch.equal(cut[rank]["weights"][name], weight), (rank, name)
+        assert [r["train_loss"] for r in cut[rank]["history"]] == [
+            r["train_loss"] for r in whole[rank]["history"]
+        ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_hookscope_train_under_torchrun_writes_one_run_folder(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "ddp"
+    done = torchrun("-m", "hookscope", "train", "--epochs", "1", "--out", str(run), timeout=350)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["ddp"]
+    assert (run / "report.html").is_file() and (run / "checkpoints" / "last.pt").is_file()
+    assert done.stdout.count("report: ") == 1  # the closing words come from rank 0 only
+    assert len(torch.load(run / "checkpoints" / "last.pt", weights_only=True)["ranks"]) == 2
