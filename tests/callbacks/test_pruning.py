@@ -1,5 +1,7 @@
 """hs.callbacks.Pruning: Zhu & Gupta's cubic schedule, any `how`, lottery-ticket rewind, exact resume."""
 
+import json
+
 import pytest
 import torch
 from small_learner import tiny_learner, weights
@@ -132,3 +134,20 @@ def test_bad_schedules_are_refused() -> None:
         Pruning(nn.Linear, 0.5, start_step=5, end_step=2)
     with pytest.raises(ValueError, match="rewind_step=9"):
         Pruning(nn.Linear, 0.5, end_step=4, rewind_step=9)
+
+
+def test_the_run_folder_report_gets_a_pruning_section(tmp_path) -> None:
+    pruning = Pruning(nn.Linear, 0.5, end_step=4, every=2, how="activation")
+    learn = tiny_learner([pruning, hs.callbacks.RunFolder(tmp_path / "run", figures=False)])
+    learn.fit(1)
+    record = json.loads((tmp_path / "run" / "pruning.json").read_text())
+    assert record["sparsity"]["total"] == pytest.approx(0.5, abs=0.01)
+    assert [entry[0] for entry in record["log"]] == [0, 2, 4]
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert "<h2>Pruning</h2>" in report and "Unstructured activation pruning" in report
+
+
+def test_no_pruning_section_without_the_callback(tmp_path) -> None:
+    tiny_learner([hs.callbacks.RunFolder(tmp_path / "run", figures=False)]).fit(1)
+    assert not (tmp_path / "run" / "pruning.json").exists()
+    assert "<h2>Pruning</h2>" not in (tmp_path / "run" / "report.html").read_text()

@@ -5,12 +5,14 @@ from typing import TYPE_CHECKING
 from hookscope._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from hookscope.viz.ablation import ablation_effects
     from hookscope.viz.curves import loss_curves, lr_schedule
     from hookscope.viz.feature_maps import feature_maps, save_figure
     from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
     from hookscope.viz.report import write_report
 
 __all__ = [
+    "ablation_effects",
     "activation_curves",
     "colorful_dimension",
     "feature_maps",
@@ -24,6 +26,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "ablation_effects": "hookscope.viz.ablation",
         "loss_curves": "hookscope.viz.curves",
         "lr_schedule": "hookscope.viz.curves",
         "feature_maps": "hookscope.viz.feature_maps",
