@@ -83,3 +83,33 @@ def kinds(learn) -> dict[str, list]:
     for f in learn.doctor.findings:
         found.setdefault(f.kind, []).append(f)
     return found
+
+
+class BatchMixingView(nn.Module):
+    """``view`` where a transpose was meant: (N, C) read as (C, N) and transposed back mixes the samples."""
+
+    def forward(self, x):
+        return x.view(x.shape[1], x.shape[0]).t()
+
+
+class MixesInForward(nn.Module):
+    """The batch-mixing bug in a model's own forward: the batch and channel dimensions swapped before a
+    flatten, between ``body`` and ``head``."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.head(h.transpose(0, 1).reshape(h.shape[0], -1))
+
+
+def digits_raw_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits as raw 0-255 grey levels (N, 64), never normalised, and their labels."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.as_tensor(bunch.data, dtype=torch.float32) * 255 / 16
+    return x.round(), torch.as_tensor(bunch.target)
