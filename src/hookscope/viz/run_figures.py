@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.doctor.records import ActivationRecorder, GradientRecorder
 from hookscope.hooks.capture import capture
 from hookscope.viz.curves import loss_curves, lr_schedule
 from hookscope.viz.feature_maps import feature_maps, save_figure
@@ -44,15 +45,28 @@ def write_run_figures(
         save_figure(loss_curves(recorder.losses, recorder.history), path("figures/loss.png"))
     if recorder.lrs:
         save_figure(lr_schedule(recorder.lrs), path("figures/lr.png"))
-    if activations is not None:
-        _activation_figures(activations, learn.model, path)
-    if gradients is not None and any(gradients.param_history.values()):
-        save_figure(gradient_flow(gradients), path("figures/gradient_flow.png"))
+    write_statistics_figures(learn.model, path, activations, gradients)
     if sample is not None:
         _feature_map_figures(learn.model, sample, path)
 
 
-def _activation_figures(stats: ActivationStats, model: nn.Module, path: Callable[[str], Path]) -> None:
+def write_statistics_figures(
+    model: nn.Module,
+    path: Callable[[str], Path],
+    activations: ActivationStats | ActivationRecorder | None,
+    gradients: GradientStats | GradientRecorder | None,
+) -> None:
+    """The activation curves and colorful-dimension images, and the gradient flow, of what was recorded
+    (a Learner's callbacks or the recorders of ``hs.watch``)."""
+    if activations is not None:
+        _activation_figures(activations, model, path)
+    if gradients is not None and any(gradients.param_history.values()):
+        save_figure(gradient_flow(gradients.param_history), path("figures/gradient_flow.png"))
+
+
+def _activation_figures(
+    stats: ActivationStats | ActivationRecorder, model: nn.Module, path: Callable[[str], Path]
+) -> None:
     history = stats.history
     watched = [name for name, records in history.items() if records]
     if not watched:

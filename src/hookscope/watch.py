@@ -1,0 +1,428 @@
+"""``hs.watch``: the doctor for a hand-written training loop (and the base of the framework integrations).
+
+    with hs.watch(model, opt) as w:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            w.log(loss)               # optional: the loss rules (no host sync)
+            loss.backward()
+            opt.step()
+    w.findings                        # the same Finding objects as learn.doctor.findings
+
+A :class:`Watch` drives the doctor's engine (:mod:`hookscope.doctor.engine`, the one the Learner's
+``Doctor`` adapts): forward hooks on the watched layers, and, when ``optimizer`` is given, the optimizer's
+step pre-hook (gradients are final: read them) and post-hook (the step happened: update ratios, close
+the step, run the rules every ``check_every`` steps). Under gradient accumulation that is once per
+optimizer step; ``GradScaler.step`` calls ``opt.step`` only after unscaling, so gradients are read
+unscaled, and a step it skips (inf gradients) never reaches the hooks, so it is not counted. Without an
+optimizer, the caller (a framework callback) calls :meth:`Watch.gradients_ready` and
+:meth:`Watch.step_done` itself.
+
+Only training forwards are recorded: a module in train mode with autograd on. Validation (``model.eval()``
+or ``torch.no_grad()``) is ignored; the Learner's Doctor diagnoses validation phases, a loop without
+phases has none to give.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import types
+import warnings
+import weakref
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.doctor.engine import Engine
+from hookscope.doctor.findings import Finding, Thresholds
+from hookscope.doctor.guard import NonFiniteCheck
+from hookscope.doctor.records import ParamRecord, StepStats, module_in_training
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
+from hookscope.hooks.select import Spec
+from hookscope.hooks.tensors import model_device, tensors_in
+
+# A loop without batch events: each forward says whether it trains; errors name hs.watch.
+_WATCH_ENGINE: dict[str, Any] = {"training_of": module_in_training, "owner": "hs.watch"}
+# The open Watch of each model: a second one would double every hook and every statistic.
+_OPEN: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+class NonFiniteError(RuntimeError):
+    """``hs.watch(..., guard=True)``: a NaN/Inf reached an activation, the loss or a gradient.
+
+    Raised from the optimizer's step pre-hook, so the step never ran and the weights are those of the
+    last good step. ``report`` is the :class:`~hookscope.NonFiniteReport` of the replay (module, op,
+    phase), ``step`` the optimizer step and ``reason`` which check failed first (``"activation"``,
+    ``"loss"`` or ``"gradient"``). The Watch is closed when it is raised.
+    """
+
+    def __init__(self, message: str, report: NonFiniteReport, step: int, reason: str) -> None:
+        super().__init__(message)
+        self.report, self.step, self.reason = report, step, reason
+
+
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    doctor: bool = True,
+    stats: bool = True,
+    guard: bool = False,
+    select: Spec = None,
+    every: int = 1,
+    check_every: int = 10,
+    thresholds: Thresholds | None = None,
+    quiet: bool = False,
+    report: str | Path | None = None,
+) -> Watch:
+    """Watch ``model`` while a hand-written loop trains it; see :class:`Watch` for every option."""
+    return Watch(
+        model,
+        optimizer,
+        doctor=doctor,
+        stats=stats,
+        guard=guard,
+        select=select,
+        every=every,
+        check_every=check_every,
+        thresholds=thresholds,
+        quiet=quiet,
+        report=report,
+    )
+
+
+class Watch:
+    """The doctor attached to ``model`` (and ``optimizer``) until :meth:`close` or the end of a ``with``.
+
+    ``doctor``: run the rules and print findings as they appear (same one-line format as the Doctor);
+    ``stats``: record the per-layer statistics (``activations``, ``gradients``, ``param_history``), which
+    the doctor reads; ``guard``: check every step for NaN/Inf and raise :class:`NonFiniteError` before a
+    bad update lands. ``select``, ``every``, ``check_every``, ``thresholds`` and ``quiet`` mean what they
+    mean for ``hs.callbacks.Doctor``. ``report``: a folder that receives, at close, the run folder and
+    ``report.html`` a Learner's ``RunFolder`` writes (an existing run there is refused, as by RunFolder).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        doctor: bool = True,
+        stats: bool = True,
+        guard: bool = False,
+        select: Spec = None,
+        every: int = 1,
+        check_every: int = 10,
+        thresholds: Thresholds | None = None,
+        quiet: bool = False,
+        report: str | Path | None = None,
+    ) -> None:
+        _refuse_bad_arguments(model, optimizer, doctor, stats)
+        if model in _OPEN:
+            raise RuntimeError(
+                f"hs.watch: this {type(model).__name__} is already watched by an open Watch; close that one "
+                "first (leave its with-block or call .close()) — a second Watch would double every hook"
+            )
+        self.model, self.optimizer = model, optimizer
+        self.options: dict[str, Any] = dict(model=type(model).__name__, doctor=doctor, stats=stats)
+        self.options |= dict(guard=guard, every=every, check_every=check_every, select=repr(select))
+        self.step = 0
+        self.report_path = _check_report_folder(report) if report is not None else None
+        self._engine = None
+        if stats:
+            self._engine = Engine(
+                select, every, check_every, thresholds, quiet, diagnose=doctor, **_WATCH_ENGINE
+            )
+        self._guard = NonFiniteCheck(None, training=module_in_training) if guard else None
+        self._hooks = HookSet()
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._device = model_device(model)
+        self._backward_seen = False  # gradients arrived since the last step closed
+        self._batches: list[tuple[tuple, dict, tuple, torch.dtype | None]] = []  # for the guard's replay
+        self._closed = False
+        self._started = time.time()
+        self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        _OPEN[model] = self
+        try:
+            self._attach()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- what a loop reads ---------------------------------------------------------------------------
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding so far, in the order they appeared."""
+        return self._engine.findings if self._engine is not None else []
+
+    @property
+    def activations(self) -> dict[str, list[StepStats]]:
+        """Activation statistics per watched layer, one record per recorded optimizer step."""
+        return self._engine.activations.history if self._engine is not None else {}
+
+    @property
+    def gradients(self) -> dict[str, list[StepStats]]:
+        """Statistics of the gradient flowing out of each watched layer, one record per recorded step."""
+        return self._engine.gradients.history if self._engine is not None else {}
+
+    @property
+    def param_history(self) -> dict[str, list[ParamRecord]]:
+        """Gradient norm and update ratio per trainable parameter, one record per recorded step."""
+        return self._engine.gradients.param_history if self._engine is not None else {}
+
+    # ---- what a loop calls ---------------------------------------------------------------------------
+
+    def log(self, loss: torch.Tensor) -> None:
+        """Feed this batch's loss to the loss rules (and the guard); stays on the device."""
+        if self._closed:
+            return
+        training = module_in_training(self.model)
+        if self._engine is not None:
+            self._engine.log_loss(loss, training)
+        if self._guard is not None and training:
+            self._guard.loss(loss)
+
+    def gradients_ready(self) -> None:
+        """The gradients are final (unscaled) for this optimizer step: check and read them now."""
+        if self._closed:
+            return
+        if self._guard is not None:
+            reason = self._guard.decide(self._params, self._device)
+            if reason is not None:
+                self._stop(reason)
+        if self._engine is not None:
+            self._engine.gradients_ready()
+
+    def step_done(self) -> None:
+        """The optimizer stepped: update ratios, close the step, run the rules every ``check_every``."""
+        if self._closed:
+            return
+        if self._engine is not None:
+            self._engine.step_done()
+            self._engine.end_batch()
+        self.step += 1
+        self._next_step()
+
+    def skip_step(self) -> None:
+        """The optimizer step was skipped (a grad scaler found inf): forget this step's statistics."""
+        if self._closed:
+            return
+        if self._engine is not None:
+            self._engine.discard_batch()
+        if self._guard is not None:
+            self._guard.clear()
+        self._next_step()
+
+    def check(self) -> list[Finding]:
+        """Read what is pending and run the rules now; returns the new findings."""
+        return self._engine.check() if self._engine is not None and not self._closed else []
+
+    def close(self) -> None:
+        """Final check, then every hook is removed (also the optimizer's); the report folder is written.
+        Calling it again does nothing."""
+        self._shut(None)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._shut(exc)
+
+    # ---- machinery -----------------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        if self._engine is not None:
+            self._engine.attach(self.model)
+            self._engine.begin_batch(0, training=True)
+        if self._guard is not None:
+            self._guard.attach(self.model)
+        self._hooks.forward_pre(self.model, self._before_forward, with_kwargs=True)
+        if self.optimizer is None:
+            return
+        self._hooks.add(self.optimizer.register_step_pre_hook(lambda *_: self.gradients_ready()))
+        self._hooks.add(self.optimizer.register_step_post_hook(lambda *_: self.step_done()))
+        for p in self._params:
+            self._hooks.param(p, self._gradient_arrived)
+
+    def _next_step(self) -> None:
+        self._backward_seen = False
+        self._batches = []
+        if self._engine is not None:
+            self._engine.begin_batch(self.step, training=True)
+
+    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not module_in_training(module):
+            return
+        if self._backward_seen and not any(p.grad is not None for p in self._params):
+            # A backward, then no optimizer step and the gradients zeroed: a grad scaler skipped the step.
+            self.skip_step()
+        if self._guard is not None:
+            self._batches.append((args, kwargs, _rng_states(self._device), _autocast_dtype(self._device)))
+
+    def _gradient_arrived(self, param: nn.Parameter) -> None:
+        self._backward_seen = True
+
+    def _stop(self, reason: str) -> None:
+        """The guard said no: blame the batch, report it, close, and raise before the step runs."""
+        self._unhook(failed=True)  # the replay must not be recorded
+        report = self._blame()
+        if self._engine is not None:
+            self._engine.report_nonfinite(report, self.step, reason)
+        for p in self._params:
+            p.grad = None  # a caught error must not leave NaN gradients to accumulate into
+        error = NonFiniteError(_stop_message(self.step, reason, report), report, self.step, reason)
+        self._shut(error)
+        raise error
+
+    def _blame(self) -> NonFiniteReport:
+        """``find_nonfinite`` on each forward since the last good step, from its own RNG state and under
+        its autocast; the backward is replayed on the sum of the outputs (the loss function is the loop's)."""
+        report = NonFiniteReport(found=False)
+        for args, kwargs, (cpu, cuda), amp in self._batches:
+            if args and kwargs:
+                continue  # find_nonfinite takes positional or keyword inputs, not both
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, self._device)
+            autocast = (
+                torch.autocast(self._device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+            )
+            with autocast:
+                report = find_nonfinite(self.model, kwargs or args, _outputs_sum)
+            if report.found:
+                return report
+        return report
+
+    def _unhook(self, failed: bool) -> None:
+        self._hooks.remove()
+        if self._guard is not None:
+            self._guard.detach()
+        if self._engine is not None and failed:
+            self._engine.fail()
+
+    def _shut(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._unhook(failed=exc is not None)
+        finally:
+            _OPEN.pop(self.model, None)
+        self._final_check(exc)
+        if self.report_path is not None:
+            self._write_report(exc)
+
+    def _final_check(self, exc: BaseException | None) -> None:
+        if self._engine is None:
+            return
+        if exc is None:
+            self._engine.close()
+            return
+        try:  # after an error: report what was found, never mask the error
+            self._engine.check()
+        except Exception as err:
+            warnings.warn(f"hs.watch: the final check failed ({type(err).__name__}: {err})", stacklevel=3)
+
+    def _write_report(self, exc: BaseException | None) -> None:
+        from hookscope.callbacks.run_folder import write_watch_folder  # the edge may use every layer
+
+        assert self.report_path is not None
+        status = "complete" if exc is None else "stopped" if isinstance(exc, NonFiniteError) else "failed"
+        config = {
+            "source": "hs.watch",
+            "model": type(self.model).__name__,
+            "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "options": self.options,
+            "steps": self.step,
+            "started": self._started_at,
+            "status": status,
+            "duration_s": time.time() - self._started,
+        }
+        if exc is not None:
+            config["error"] = f"{type(exc).__name__}: {exc}"
+        engine = self._engine
+        write_watch_folder(
+            self.report_path,
+            config,
+            self.findings,
+            engine.activations if engine is not None else None,
+            engine.gradients if engine is not None else None,
+            [value for _, value in engine.loss_history] if engine is not None else [],
+            self.model,
+        )
+
+
+def _refuse_bad_arguments(model: Any, optimizer: Any, doctor: bool, stats: bool) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"hs.watch: model must be a torch.nn.Module, not {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"hs.watch: optimizer must be a torch.optim.Optimizer (or None, when your loop calls "
+            f"gradients_ready() and step_done() itself), not {type(optimizer).__name__}"
+        )
+    if doctor and not stats:
+        raise ValueError(
+            "hs.watch: doctor=True reads the statistics that stats=False turns off; pass stats=True, "
+            "or doctor=False for the guard alone"
+        )
+
+
+def _check_report_folder(report: str | Path) -> Path:
+    """Refuse a report folder RunFolder would refuse, now rather than after training."""
+    from hookscope.staged_folder import StagedFolder
+
+    StagedFolder.check_start(report, "train")
+    return Path(report)
+
+
+def _outputs_sum(pred: Any) -> torch.Tensor:
+    """A stand-in loss for the guard's replay: the sum of every floating output."""
+    tensors = [t.float().sum() for t in tensors_in(pred) if t.is_floating_point()]
+    return torch.stack(tensors).sum()
+
+
+def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the forward runs under, so the replay overflows where the run did."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+
+def _stop_message(step: int, reason: str, report: NonFiniteReport) -> str:
+    """One paragraph: where the watch stopped, what was kept, and the blame."""
+    blame = str(report)
+    if not report.found:
+        blame = (
+            "Replayed alone (forward, and a backward of the sum of the outputs), the batch stays finite: the "
+            "fault is in what the loop adds — the loss function or the targets, the loss scale, a change "
+            "to the gradients."
+        )
+    return (
+        f"hs.watch stopped optimizer step {step}: the first non-finite value was in the {reason}. The "
+        f"step was not taken, so the model keeps the weights of step {step}. {blame}"
+    )
+
+
+class _CallableModule(types.ModuleType):
+    """``hs.watch`` is this module: the import system binds a package attribute to the submodule of the
+    same name, and binding the function eagerly instead would import torch with ``import hookscope``
+    (the CLI's ``--help`` must not). Calling the module calls :func:`watch`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Watch:
+        return watch(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

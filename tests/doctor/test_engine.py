@@ -1,0 +1,140 @@
+"""The engine fed by explicit calls, with no training loop around it: what any adapter relies on."""
+
+import math
+
+import torch
+from torch import nn
+
+from hookscope.doctor.engine import Engine
+from hookscope.doctor.findings import Finding
+from hookscope.doctor.guard import NonFiniteCheck
+from hookscope.doctor.records import module_in_training
+
+
+def _dead_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)  # the ReLU's units never fire
+    return model
+
+
+def _feed(engine, model, steps, x=None):
+    """What an adapter does per optimizer step, by hand; returns the findings of every check."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.rand(32, 8) if x is None else x
+    for step in range(steps):
+        engine.begin_batch(step, training=True)
+        loss = model(x).square().mean()
+        engine.log_loss(loss, training=True)
+        loss.backward()
+        engine.gradients_ready()
+        opt.step()
+        engine.step_done()
+        opt.zero_grad()
+        engine.end_batch()
+
+
+def test_fed_by_hand_the_engine_finds_the_dead_layer_once_and_dates_it():
+    model = _dead_model()
+    engine = Engine(check_every=2, quiet=True)
+    engine.attach(model)
+    _feed(engine, model, steps=6)
+    engine.close()
+    assert [(f.kind, f.module, f.step) for f in engine.findings] == [("dead_units", "1", 0)]
+    assert [r.step for r in engine.activations.history["1"]] == list(range(6))
+    assert [step for step, _ in engine.loss_history] == list(range(6))
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_records_are_kept_only_on_the_interval():
+    model = _dead_model()
+    engine = Engine(every=2, check_every=100, quiet=True)
+    engine.attach(model)
+    _feed(engine, model, steps=5)
+    engine.close()
+    assert [r.step for r in engine.activations.history["0"]] == [0, 2, 4]
+    assert [r.step for r in engine.gradients.param_history["0.weight"]] == [0, 2, 4]
+
+
+def test_a_discarded_step_leaves_no_record():
+    model = _dead_model()
+    engine = Engine(check_every=100, quiet=True)
+    engine.attach(model)
+    engine.begin_batch(0, training=True)
+    model(torch.rand(4, 8)).sum().backward()
+    engine.discard_batch()  # e.g. a grad scaler skipped it
+    _feed(engine, model, steps=1)
+    engine.close()
+    (record,) = engine.activations.history["0"]
+    assert record.stats.count == 32 * 16  # the fed step's batch only
+
+
+def test_whole_model_kinds_are_reported_once_per_run_other_kinds_once_per_module():
+    engine = Engine(quiet=True)
+
+    def finding(kind, module):
+        return Finding(kind, module, 0, "warning", "m")
+
+    new = engine.report([finding("dead_units", "a"), finding("dead_units", "b"), finding("dead_units", "a")])
+    assert [f.module for f in new] == ["a", "b"]
+    assert engine.report([finding("loss_divergence", ""), finding("exploding_gradient", "x")]) != []
+    assert engine.report([finding("exploding_gradient", "y")]) == []  # whole-model: once per run
+    assert len(engine.findings) == 4
+
+
+def test_the_state_round_trips_and_a_restored_engine_repeats_nothing(capsys):
+    model = _dead_model()
+    engine = Engine(check_every=2)
+    engine.attach(model)
+    _feed(engine, model, steps=4)
+    state = engine.state_dict()
+    assert "dead_units" in capsys.readouterr().err
+
+    restored = Engine(check_every=2)
+    restored.load_state_dict(state)
+    restored.attach(model)
+    _feed(restored, model, steps=2)
+    restored.close()
+    assert capsys.readouterr().err == ""  # already printed before the stop
+    assert restored.findings == engine.findings
+    assert [s for s, _ in restored.loss_history][:4] == [s for s, _ in engine.loss_history]
+
+
+def test_without_diagnose_the_engine_records_but_finds_nothing():
+    model = _dead_model()
+    engine = Engine(check_every=1, quiet=True, diagnose=False)
+    engine.attach(model)
+    _feed(engine, model, steps=4)
+    engine.close()
+    assert engine.findings == [] and len(engine.activations.history["1"]) == 4
+
+
+def test_forwards_that_do_not_train_are_ignored_when_the_module_decides():
+    model = _dead_model()
+    engine = Engine(check_every=100, quiet=True, training_of=module_in_training)
+    engine.attach(model)
+    engine.begin_batch(0, training=True)
+    with torch.no_grad():
+        model(torch.rand(4, 8))  # evaluation: not recorded
+    model(torch.rand(32, 8)).sum().backward()
+    engine.end_batch()
+    engine.close()
+    (record,) = engine.activations.history["0"]
+    assert record.stats.count == 32 * 16
+
+
+def test_the_guard_decision_names_the_first_failed_check_and_clears_when_all_is_finite():
+    model = nn.Sequential(nn.Linear(2, 2))
+    check = NonFiniteCheck(None, training=module_in_training)
+    check.attach(model)
+    model(torch.ones(1, 2)).sum().backward()
+    check.loss(torch.tensor(1.0))
+    assert check.decide(model.parameters(), torch.device("cpu")) is None
+    assert check.activation_flags == [] and check.loss_flags == []
+    check.loss(torch.tensor(math.nan))
+    assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
+    model(torch.full((1, 2), math.inf))
+    assert check.decide(model.parameters(), torch.device("cpu")) == "activation"
+    check.detach()
+    assert len(model[0]._forward_hooks) == 0

@@ -1,0 +1,272 @@
+"""hs.watch in a hand-written loop: the Learner's diagnosis, one step per optimizer step, no hook left."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from faults import Branches, LogAct, digits_flat, kinds, mlp, train_with_doctor
+from torch import nn
+
+import hookscope as hs
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+def _plain_loop(model, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, dls=None, accumulate=1, **watch_kw):
+    """The loop of article 004 under hs.watch, ``steps`` optimizer steps at most; returns the Watch."""
+    opt = opt_func(model.parameters(), lr=lr)
+    loss_func = nn.CrossEntropyLoss()
+    with hs.watch(model, opt, quiet=True, check_every=3, **watch_kw) as w:
+        for i, (x, y) in enumerate((dls or digits_flat()).train):
+            if w.step >= steps:
+                break
+            loss = loss_func(model(x), y)
+            w.log(loss)
+            (loss / accumulate).backward()
+            if (i + 1) % accumulate == 0:
+                opt.step()
+                opt.zero_grad()
+    return w
+
+
+def _watch_kinds(w):
+    found = {}
+    for f in w.findings:
+        found.setdefault(f.kind, []).append(f)
+    return found
+
+
+def _dead():
+    model = mlp(depth=3)
+    with torch.no_grad():
+        model[2].bias.fill_(-10.0)
+    return model
+
+
+def _exploding():
+    model = mlp(depth=8)
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(10.0)
+    return model
+
+
+def _frozen():
+    model = mlp(depth=3)
+    model[0].requires_grad_(False)
+    return model
+
+
+FAULTS = {
+    "dead_units": (_dead, {}),
+    "exploding_gradient": (_exploding, {}),
+    "vanishing_gradient": (lambda: mlp(depth=12, width=32, act=nn.Sigmoid), {}),
+    "no_gradient": (Branches, {}),
+    "frozen": (_frozen, {}),
+    "loss_divergence": (lambda: mlp(depth=3), {"lr": 10.0, "opt_func": torch.optim.SGD}),
+}
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_a_fault_gives_the_learners_finding_in_a_plain_loop(kind):
+    build, train_kw = FAULTS[kind]
+    torch.manual_seed(0)
+    learn = train_with_doctor(build(), steps=8, **train_kw)
+    torch.manual_seed(0)
+    w = _plain_loop(build(), steps=8, **train_kw)
+    expected = [(f.module, f.step) for f in kinds(learn)[kind]]
+    assert [(f.module, f.step) for f in _watch_kinds(w)[kind]] == expected
+    assert w.step == learn.training_step == 8
+
+
+def test_forward_nan_raises_at_the_step_naming_the_module_and_op():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(hs.NonFiniteError, match=r"module `1` \(LogAct\) at op aten.log") as caught:
+        _plain_loop(model, guard=True)
+    err = caught.value
+    assert (err.step, err.reason, err.report.phase) == (0, "activation", "forward")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the step never ran
+    assert all(p.grad is None for p in model.parameters())
+    assert _hook_count(model) == 0
+
+
+def test_the_nonfinite_finding_matches_the_doctors():
+    torch.manual_seed(0)
+    learn = train_with_doctor(nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10)))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
+    opt = torch.optim.AdamW(model.parameters())
+    w = hs.watch(model, opt, guard=True, quiet=True)
+    x, y = next(iter(digits_flat().train))
+    with pytest.raises(hs.NonFiniteError):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    (expected,) = kinds(learn)["nonfinite"]
+    (found,) = _watch_kinds(w)["nonfinite"]
+    assert (found.module, found.step, found.severity) == (expected.module, expected.step, "error")
+    assert found.evidence["op"] == expected.evidence["op"] == "aten.log"
+
+
+def test_a_healthy_model_gives_no_finding_and_records_every_step():
+    torch.manual_seed(0)
+    w = _plain_loop(mlp(depth=3), steps=23)
+    assert w.findings == []
+    assert w.step == 23
+    assert [r.step for r in w.activations["0"]] == list(range(23))
+    assert [r.step for r in w.param_history["0.weight"]] == list(range(23))
+    assert set(w.gradients) == set(w.activations) == {"0", "1", "2", "3", "4"}  # every leaf
+
+
+def test_gradient_accumulation_counts_one_step_per_optimizer_step():
+    torch.manual_seed(0)
+    w = _plain_loop(mlp(depth=3), steps=100, accumulate=4)  # 23 batches: 5 optimizer steps
+    assert w.step == 5
+    assert [r.step for r in w.param_history["0.weight"]] == list(range(5))
+    records = w.activations["0"]
+    assert [r.step for r in records] == list(range(5))
+    assert records[0].stats.count == 4 * 64 * 64  # the four batches of the step, one record
+
+
+def test_grad_scaler_gradients_are_read_unscaled_and_a_skipped_step_is_not_counted():
+    def run(scaled, spoil_at=None):
+        torch.manual_seed(0)
+        model = mlp(depth=3)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaled)
+        with hs.watch(model, opt, quiet=True) as w:
+            for i, (x, y) in enumerate(digits_flat().train):
+                if i == 6:
+                    break
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                scaler.scale(loss).backward()
+                if i == spoil_at:
+                    model[0].weight.grad[0, 0] = float("inf")  # the scaler must skip this step
+                scaler.step(opt)
+                scaler.update()
+        return w
+
+    plain, scaled = run(scaled=False), run(scaled=True)
+    norms = [r.grad_norm for r in scaled.param_history["4.weight"]]
+    assert norms == pytest.approx([r.grad_norm for r in plain.param_history["4.weight"]], rel=1e-6)
+    skipped = run(scaled=True, spoil_at=2)
+    assert skipped.step == 5
+    assert [r.step for r in skipped.param_history["0.weight"]] == list(range(5))
+    assert [r.step for r in skipped.activations["0"]] == list(range(5))
+    assert all(r.stats.nonfinite == 0 for r in skipped.gradients["0"])  # the inf window was dropped
+
+
+def test_without_an_optimizer_the_caller_marks_the_steps():
+    torch.manual_seed(0)
+    model = _dead()
+    opt = torch.optim.AdamW(model.parameters())
+    with hs.watch(model, quiet=True, check_every=3) as w:
+        for i, (x, y) in enumerate(digits_flat().train):
+            if i == 5:
+                break
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            w.gradients_ready()
+            opt.step()
+            w.step_done()
+    assert w.step == 5 and [(f.kind, f.module, f.step) for f in w.findings] == [("dead_units", "3", 0)]
+    assert [r.update_ratio is not None for r in w.param_history["0.weight"]] == [True] * 5
+
+
+def test_evaluation_forwards_are_not_recorded():
+    torch.manual_seed(0)
+    model = mlp(depth=3)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = next(iter(digits_flat().train))
+    with hs.watch(model, opt, quiet=True) as w:
+        nn.functional.cross_entropy(model(x), y).backward()
+        model.eval()
+        with torch.no_grad():
+            model(torch.full_like(x, float("nan")))  # a validation forward between backward and step
+        model.train()
+        opt.step()
+    (record,) = w.activations["0"]
+    assert record.stats.count == 64 * 64 and record.stats.nonfinite == 0
+
+
+def _hook_count(model, opt=None):
+    module_hooks = sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()
+    )
+    param_hooks = sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+    opt_hooks = len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks) if opt else 0
+    return module_hooks + param_hooks + opt_hooks
+
+
+def test_every_hook_is_removed_on_exit_and_after_an_exception():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _hook_count(model, opt) == 0
+    with hs.watch(model, opt, guard=True) as w:
+        assert _hook_count(model, opt) > 0
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    assert _hook_count(model, opt) == 0
+    with pytest.raises(ZeroDivisionError), hs.watch(model, opt):
+        model(torch.randn(3, 4)).sum().backward()
+        _ = 1 / 0
+    assert _hook_count(model, opt) == 0
+    w.close()  # idempotent
+    assert w.step == 1
+
+
+def test_watching_a_watched_model_is_an_error_until_the_first_closes():
+    model = nn.Linear(4, 2)
+    with hs.watch(model) as first:
+        with pytest.raises(RuntimeError, match="already watched by an open Watch; close that one first"):
+            hs.watch(model)
+        assert len(model._forward_hooks) == 1 + 1  # the first watch's: the layer's and the step marker's
+    first.close()
+    with hs.watch(model, doctor=False, stats=False, guard=True):
+        pass
+
+
+def test_bad_arguments_are_refused_in_one_line():
+    with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer"):
+        hs.watch(nn.Linear(2, 2), "adam")
+    with pytest.raises(ValueError, match="doctor=True reads the statistics"):
+        hs.watch(nn.Linear(2, 2), stats=False)
+    with pytest.raises(ValueError, match="every=0"):
+        hs.watch(nn.Linear(2, 2), every=0)
+
+
+def test_report_writes_the_run_folder_and_report(tmp_path):
+    torch.manual_seed(0)
+    out = tmp_path / "run"
+    w = _plain_loop(_dead(), steps=6, report=out)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["source"], config["status"], config["steps"]) == ("hs.watch", "complete", 6)
+    findings = json.loads((out / "findings.json").read_text())
+    assert [(f["kind"], f["module"]) for f in findings] == [(f.kind, f.module) for f in w.findings]
+    assert {row["layer"] for row in json.loads((out / "stats.json").read_text())} == {"0", "1", "2", "3", "4"}
+    assert (out / "figures" / "gradient_flow.png").is_file() and (out / "figures" / "loss.png").is_file()
+    assert "100% of units dead" in (out / "report.html").read_text()
+    with pytest.raises(hs.staged_folder.RunFolderError, match="already holds"):
+        hs.watch(nn.Linear(2, 2), report=out)  # refused before training, as RunFolder does
+
+
+def _readme_block(marker):
+    """The README's python code block that contains ``marker``, as written."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def test_the_readme_plain_loop_runs_as_written(capsys):
+    torch.manual_seed(0)
+    exec(_readme_block("with hs.watch(model, opt) as w:"), {"__name__": "readme"})
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "dead_units 2"
+    assert "Doctor [warning] dead_units: layer `2` — 100% of units dead since step 0" in err
