@@ -115,7 +115,7 @@ def main() -> None:
         "history": learn.recorder.history,
         "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
         "stats": _stats(doctor),
-        "guard": getattr(getattr(learn, "non_finite_guard", None), "reason", None),
+        "guard": _guard(learn),
         **seen,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +130,15 @@ class _Seen(hs.Callback):
 
     def before_train(self) -> None:
         self.seen.update(world=distributed.world_size(), n_iter=self.learn.n_iter)
+
+
+def _guard(learn: hs.Learner) -> dict[str, object] | None:
+    """Where the NonFiniteGuard (alone or the Doctor's) stopped, and what it blamed; None when it did not."""
+    doctor = getattr(learn, "doctor", None)
+    guard = doctor.guard if doctor is not None else getattr(learn, "non_finite_guard", None)
+    if guard is None or guard.stopped_at is None:
+        return None
+    return {"step": guard.stopped_at, "reason": guard.reason, "report": guard.report.to_dict()}
 
 
 def _stats(doctor: object) -> dict[str, list[float]]:

@@ -95,6 +95,42 @@ def test_two_processes_train_as_one_process_with_the_same_global_batch(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_statistics_are_reduced_to_those_of_the_whole_batch(tmp_path: Path) -> None:
+    one = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--batch-size", "24", "--doctor"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=ENV,
+        check=False,
+    )
+    assert one.returncode == 0, one.stderr
+    script(tmp_path / "two", "--batch-size", "12", "--doctor")
+    (single,) = results(tmp_path / "one", nproc=1)
+    rank0, rank1 = results(tmp_path / "two")
+    assert list(rank0["stats"]) == ["0", "1", "2", "3"]  # the user's names: no DDP "module." prefix
+    assert rank0["stats"] == rank1["stats"] and rank0["findings"] == rank1["findings"]
+    for name, (count, mean, std, abs_max, nonfinite) in single["stats"].items():
+        count2, mean2, std2, abs_max2, nonfinite2 = rank0["stats"][name]
+        assert (count2, nonfinite2) == (count, nonfinite)  # 24 samples x features: both ranks' counts added
+        assert (mean2, std2, abs_max2) == pytest.approx((mean, std, abs_max), abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_nan_on_one_rank_is_found_and_named_on_both(tmp_path: Path) -> None:
+    done = script(tmp_path, "--doctor", "--fault", "nan", "--fault-rank", "1", "--fault-step", "3")
+    rank0, rank1 = results(tmp_path)
+    assert rank0["guard"] == rank1["guard"]
+    assert rank0["guard"]["step"] == 3 and rank0["guard"]["reason"] == "activation"
+    assert rank0["guard"]["report"]["phase"] == "input" and rank0["guard"]["report"]["nan"] == 12 * 8
+    assert rank0["findings"] == rank1["findings"]
+    assert [f["kind"] for f in rank0["findings"]] == ["nonfinite"]
+    assert (done.stdout + done.stderr).count("Doctor [error] nonfinite") == 1  # printed by rank 0 only
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_an_error_on_one_rank_ends_both_with_the_error_printed_once(tmp_path: Path) -> None:
     start = time.monotonic()

@@ -31,6 +31,7 @@ from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.hooks.select import Spec
+from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.data import DataLoaders, require_batches
 from hookscope.train.events import CancelFitException
@@ -62,6 +63,7 @@ class Doctor(Callback):
         quiet: bool = False,
         max_print: int = 10,
     ) -> None:
+        self.quiet = quiet
         self.engine = Engine(
             select, every, check_every, thresholds, quiet, max_print, drive_recorders=False, owner="Doctor"
         )
@@ -87,6 +89,8 @@ class Doctor(Callback):
 
     def before_fit(self) -> None:
         self.engine.attach(self.learn.model)
+        # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
+        self.engine.quiet = self.quiet or not distributed.is_rank_zero()
 
     def before_batch(self) -> None:
         self.engine.begin_batch(self.learn.training_step, self.learn.training)

@@ -29,6 +29,7 @@ from hookscope.doctor.guard import NonFiniteCheck
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.select import Spec
 from hookscope.hooks.tensors import model_device
+from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.events import CancelFitException
 
@@ -127,7 +128,9 @@ class NonFiniteGuard(Callback):
         if self._buffers:
             compat.foreach_copy_(self._buffers, self._saved)
         self.check.detach()
-        self.report = self._blame(learn)
+        # under torchrun every rank stops here together; the rank whose batch holds the fault names it
+        reports = distributed.all_gather(self._blame(learn))
+        self.report = next((r for r in reports if r.found), reports[0])
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
             from rich.console import Console  # loaded on the first stop, not with hookscope

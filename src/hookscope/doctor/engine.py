@@ -23,6 +23,7 @@ kinds once per run — and kept in ``findings``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,16 +31,26 @@ from torch import nn
 
 from hookscope.doctor import rules
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.records import ActivationRecorder, GradientRecorder, TrainingOf
+from hookscope.doctor.records import ActivationRecorder, GradientRecorder, TrainingOf, on_schedule
+from hookscope.doctor.schedule import Schedule
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
-from hookscope.hooks.stats import to_host
+from hookscope.hooks.stats import several_ranks, to_host
 
 _SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
 ONCE_PER_RUN = frozenset(
-    {"exploding_gradient", "vanishing_gradient", "loss_divergence", "nonfinite", "nonfinite_validation"}
+    {
+        "exploding_gradient",
+        "vanishing_gradient",
+        "loss_divergence",
+        "nonfinite",
+        "nonfinite_validation",
+        "oscillating_loss",
+        "plateau",
+        "overfitting",
+    }
 )
 _SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
@@ -48,7 +59,9 @@ class Engine:
     """The doctor, loop-independent: statistics, rules, findings, deduplication and printing.
 
     ``select`` picks the layers watched (None: every leaf module); statistics are taken every ``every``
-    training steps and the rules run every ``check_every`` steps. ``quiet=True`` only collects findings;
+    training steps — ``every=None``: on the adaptive :class:`~hookscope.doctor.schedule.Schedule` (every
+    step at first, then sparsely, densely again while a check is suspicious) — and the rules run every
+    ``check_every`` steps; the loss is kept at every step. ``quiet=True`` only collects findings;
     ``max_print`` caps how many are printed. ``diagnose=False`` records without running the rules.
     ``training_of``: None when the loop says whether a batch trains (:meth:`begin_batch`); a function of
     the module when it cannot (``hs.watch`` asks each forward). ``owner`` names the caller in errors.
@@ -57,7 +70,7 @@ class Engine:
     def __init__(
         self,
         select: Spec = None,
-        every: int = 1,
+        every: int | None = 1,
         check_every: int = 10,
         thresholds: Thresholds | None = None,
         quiet: bool = False,
@@ -67,8 +80,13 @@ class Engine:
         training_of: TrainingOf = None,
         owner: str = "Doctor",
     ) -> None:
-        if every < 1 or check_every < 1:
-            raise ValueError(f"{owner}: every={every}, check_every={check_every}; both must be >= 1")
+        if (every is not None and every < 1) or check_every < 1:
+            raise ValueError(
+                f"{owner}: every={every}, check_every={check_every}; use every >= 1 (or None: the "
+                "adaptive schedule) and check_every >= 1"
+            )
+        self.schedule = Schedule() if every is None else None
+        every = every or 1
         self.thresholds = thresholds or Thresholds()
         self.check_every, self.quiet, self.max_print = check_every, quiet, max_print
         self.diagnose_enabled, self.drive_recorders = diagnose, drive_recorders
@@ -81,10 +99,15 @@ class Engine:
             every=every, select=select, output_grads=True, read_every=check_every, owner=owner
         )
         self.training_of = self.activations.training_of = self.gradients.training_of = training_of
+        self.activations.schedule = self.gradients.schedule = self.schedule
         self.findings: list[Finding] = []
         self.loss_history: list[tuple[int, float]] = []
         self.saturation_history: dict[str, list[tuple[int, float]]] = {}
         self.valid_phases: list[tuple[int, int, int]] = []
+        self.epoch_losses: list[tuple[int, int, float, float]] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._params: dict[str, nn.Parameter] = {}
+        self._recording_step = True  # saturation follows the schedule (hs.watch announces no batch)
         self._seen: set[tuple[str, str]] = set()
         self._printed = 0
         self._hooks = HookSet()
@@ -114,6 +137,7 @@ class Engine:
         self._training = False
         self._watch_saturation(model)
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
+        self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
@@ -131,6 +155,7 @@ class Engine:
         self._training = training
         if training:
             self._step = step
+            self._recording_step = on_schedule(step, 1, self.schedule)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
@@ -185,6 +210,16 @@ class Engine:
             bad = torch.stack([loss.float().sum() for loss in losses]).isfinite().logical_not().sum()
             self._pending_valid.append((step, len(losses), bad))
 
+    def log_epoch(self, epoch: int, step: int, train_loss: float, valid_loss: float) -> None:
+        """An epoch ended at training step ``step`` with these mean losses (host numbers the loop already
+        read): the ``overfitting`` rule compares them across epochs at the next check."""
+        self.epoch_losses.append((epoch, step, float(train_loss), float(valid_loss)))
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """The optimizer stepping the model: ``not_updated`` then says whether a parameter that never
+        changes is missing from it or sits in a group with learning rate 0."""
+        self.optimizer = optimizer
+
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
         return self.report(rules.nonfinite(report, step, reason))
@@ -208,7 +243,12 @@ class Engine:
         """Read what is pending, run every rule, print and keep the new findings; returns them."""
         self._steps_since_check = 0
         self.read_pending()
-        return self.report(self.diagnose()) if self.diagnose_enabled else []
+        if not self.diagnose_enabled:
+            return []
+        new = self.report(self.diagnose())
+        if self.schedule is not None and self._suspicious():
+            self.schedule.tighten(self._step + 1 + self.check_every)
+        return new
 
     def read_pending(self) -> None:
         """Every pending device statistic to the host: the recorders' and the engine's own."""
@@ -219,24 +259,53 @@ class Engine:
     def diagnose(self) -> list[Finding]:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
         th = self.thresholds
+        return [
+            *rules.loss_divergence(self.loss_history, th),
+            *rules.stalled_loss(self.loss_history, th),
+            *rules.overfitting(self.epoch_losses, th),
+            *self._record_rules(th),
+            *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
+        ]
+
+    def _record_rules(self, th: Thresholds) -> list[Finding]:
+        """The rules on the recorded statistics (those the schedule samples)."""
         params = self.gradients.param_history
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
-            *rules.loss_divergence(self.loss_history, th),
             *rules.exploding_gradient(layer_norms, self.gradients.history, th),
             *rules.vanishing_gradient(layer_rms, th),
             *rules.dead_units(self.activations.history, th),
             *rules.saturation(self.saturation_history, self._kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, self._matrices, th),
-            *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
+            *rules.not_updated(params, self._param_groups(), th),
         ]
+
+    def _suspicious(self) -> bool:
+        """A condition holds on the latest record that has not held for ``patience`` records yet (the
+        record rules at patience 1 find something not reported), or the loss rose to half the
+        divergence factor: the schedule then records every step until a check finds nothing new."""
+        th = self.thresholds
+        early = replace(th, patience=1, divergence_factor=max(1.0, th.divergence_factor / 2))
+        found = [*self._record_rules(early), *rules.loss_divergence(self.loss_history, early)]
+        return any(self._key(f) not in self._seen for f in found)
+
+    def _param_groups(self) -> dict[str, tuple[int, float]] | None:
+        """Parameter name -> (index of its optimizer param group, that group's lr); None: no optimizer."""
+        if self.optimizer is None:
+            return None
+        where = {
+            id(p): (i, float(group.get("lr", 0.0)))
+            for i, group in enumerate(self.optimizer.param_groups)
+            for p in group["params"]
+        }
+        return {name: where[id(p)] for name, p in self._params.items() if id(p) in where}
 
     def report(self, found: Iterable[Finding]) -> list[Finding]:
         """Keep (and print, unless quiet) the findings not reported before; returns them."""
         new = []
         for finding in found:
-            key = (finding.kind, "" if finding.kind in ONCE_PER_RUN else finding.module)
+            key = self._key(finding)
             if key in self._seen:
                 continue
             self._seen.add(key)
@@ -247,6 +316,11 @@ class Engine:
                 self._printed += 1
                 print_finding(finding)
         return new
+
+    @staticmethod
+    def _key(finding: Finding) -> tuple[str, str]:
+        """What deduplicates findings: the kind, and the module unless the kind is whole-model."""
+        return (finding.kind, "" if finding.kind in ONCE_PER_RUN else finding.module)
 
     def summary(self) -> str:
         """Every finding so far, one per line (or a line saying all is well)."""
@@ -269,6 +343,8 @@ class Engine:
             "saturation_history": {name: _series_state(h) for name, h in self.saturation_history.items()},
             "steps_since_check": self._steps_since_check,
             "valid_phases": [list(phase) for phase in self.valid_phases],
+            "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64).reshape(-1, 4),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -280,6 +356,10 @@ class Engine:
         self.saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
         self._steps_since_check = state["steps_since_check"]
         self.valid_phases = [tuple(phase) for phase in state.get("valid_phases", [])]
+        rows = state.get("epoch_losses", torch.zeros(0, 4)).tolist()
+        self.epoch_losses = [(int(e), int(s), t, v) for e, s, t, v in rows]
+        if self.schedule is not None and state.get("schedule"):
+            self.schedule.load_state_dict(state["schedule"])
         self._losses, self._pending_saturation, self._pending_valid = [], [], []
 
     # ---- the engine's own statistics -----------------------------------------------------------------
@@ -301,7 +381,7 @@ class Engine:
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             training = self._training if self.training_of is None else self.training_of(module)
-            if training and isinstance(output, torch.Tensor):
+            if training and self._recording_step and isinstance(output, torch.Tensor):
                 out = output.detach()
                 self._saturation[name].append(((out <= low) | (out >= high)).float().mean())
 
@@ -324,13 +404,28 @@ class Engine:
         tensors += [v for _, _, v in shares] + [bad for _, _, bad in valid]
         if not tensors:
             return
-        host = to_host(tensors)
+        host = to_host(_over_ranks(tensors, averaged=len(tensors) - len(valid)))
         if losses:
             self.loss_history += [(step, float(v)) for (step, _), v in zip(losses, host.pop(0), strict=True)]
         for (name, step, _), share in zip(shares, host[: len(shares)], strict=True):
             self.saturation_history[name].append((step, float(share)))
         for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
             self.valid_phases.append((step, batches, int(bad)))
+
+
+def _over_ranks(tensors: list[torch.Tensor], averaged: int) -> list[torch.Tensor]:
+    """Under torchrun, the engine's own numbers of every rank combined (one all-reduce, in the lockstep
+    of a check): the first ``averaged`` (losses, saturation shares) averaged over ranks, the rest
+    (non-finite counts) added, so the rules see the same numbers, and report the same, on every rank."""
+    if not several_ranks():
+        return tensors
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+    torch.distributed.all_reduce(flat)
+    sizes = [t.numel() for t in tensors]
+    world = torch.distributed.get_world_size()
+    scale = [1 / world if i < averaged else 1.0 for i in range(len(tensors))]
+    parts = flat.split(sizes)
+    return [(part * k).view(t.shape) for part, k, t in zip(parts, scale, tensors, strict=True)]
 
 
 def print_finding(finding: Finding) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import Spec, select
+from hookscope.hooks.stats import several_ranks
 from hookscope.hooks.tensors import grad_norms, tensors_in
 
 CHECKS = ("activation", "loss", "gradient")
@@ -65,7 +66,7 @@ class NonFiniteCheck:
         activation_ok = torch.stack(self.activation_flags).all() if self.activation_flags else true
         grad_ok = grad_norms(grads).isfinite().all() if grads else true
         loss_ok = torch.stack(self.loss_flags).all() if self.loss_flags else true
-        ok = torch.stack([activation_ok.to(device), loss_ok.to(device), grad_ok.to(device)]).cpu()
+        ok = _on_every_rank(torch.stack([activation_ok.to(device), loss_ok.to(device), grad_ok.to(device)]))
         if bool(ok.all()):
             self.clear()
             return None
@@ -92,3 +93,14 @@ class NonFiniteCheck:
         self.activation_flags.extend(torch.stack(torch.aminmax(t.detach())).isfinite().all() for t in tensors)
         if len(self.activation_flags) > _MAX_FLAGS:
             self.activation_flags = [torch.stack(self.activation_flags).all()]
+
+
+def _on_every_rank(ok: torch.Tensor) -> torch.Tensor:
+    """The check triple ``ok`` on the host; under torchrun each check is passed only if it passed on every
+    rank (one all-reduce on the device before the one read), so every rank stops at the same step — a
+    rank left waiting in the next step's gradient all-reduce would hang."""
+    if several_ranks():
+        as_int = ok.to(torch.uint8)
+        torch.distributed.all_reduce(as_int, op=torch.distributed.ReduceOp.MIN)
+        ok = as_int.bool()
+    return ok.cpu()

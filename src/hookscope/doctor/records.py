@@ -35,6 +35,7 @@ from hookscope.hooks.stats import (
     TensorStats,
     UpdateRatio,
     read_all,
+    reduce_across_ranks,
     stats_from_columns,
     stats_to_columns,
 )
@@ -42,6 +43,14 @@ from hookscope.hooks.tensors import first_tensor, grad_norms
 
 # Does this forward train? None: the flag the loop set with begin_batch; else asked of the module.
 TrainingOf = Callable[[nn.Module], bool] | None
+# Is this training step recorded? None: when it is a multiple of the recording interval.
+Schedule = Callable[[int], bool] | None
+
+
+def on_schedule(step: int, stride: int, schedule: Schedule) -> bool:
+    """Whether training step ``step`` is recorded: ``schedule(step)`` when there is one (the doctor's
+    adaptive schedule), else every ``stride``-th step."""
+    return schedule(step) if schedule is not None else step % stride == 0
 
 
 def with_parameters(name: str, module: nn.Module) -> bool:
@@ -94,11 +103,13 @@ class LayerRecorder:
         self.pending: list[tuple[str, int, DeviceStats]] = []
 
     def close_window(self, step: int) -> None:
-        """Turn what every layer saw since the last window into pending snapshots keyed by ``step``."""
-        for name, stats in self.stats.items():
-            snap = stats.snapshot(reset=True)
-            if snap is not None:
-                self.pending.append((name, step, snap))
+        """Turn what every layer saw since the last window into pending snapshots keyed by ``step``; under
+        torchrun combined over ranks here, where every rank closes the same window (not when they are
+        read: rank 0 alone reads them for its trackers)."""
+        snaps = [(name, stats.snapshot(reset=True)) for name, stats in self.stats.items()]
+        snaps = [(name, snap) for name, snap in snaps if snap is not None]
+        reduced = reduce_across_ranks([snap for _, snap in snaps])
+        self.pending += [(name, step, snap) for (name, _), snap in zip(snaps, reduced, strict=True)]
 
     def discard_window(self) -> None:
         for stats in self.stats.values():
@@ -231,6 +242,8 @@ class ActivationRecorder:
         self.max_history, self.read_every = history, read_every
         self.stride = every
         self.training_of: TrainingOf = None
+        # Which training steps are recorded: None, those on the interval; else the engine's schedule.
+        self.schedule: Schedule = None
         self._hooks = HookSet()
         self._recording = False  # this training step is recorded
         self._training = False
@@ -290,7 +303,7 @@ class ActivationRecorder:
         self._training = training
         if training:
             self._step = step
-            self._recording = step % self.stride == 0
+            self._recording = on_schedule(step, self.stride, self.schedule)
 
     def end_batch(self) -> None:
         """The training step ends: its statistics become one pending record."""
@@ -404,6 +417,8 @@ class GradientRecorder:
         self.max_history, self.read_every = history, read_every
         self.stride = every
         self.training_of: TrainingOf = None
+        # Which training steps are recorded: None, those on the interval; else the engine's schedule.
+        self.schedule: Schedule = None
         self._hooks = HookSet()
         self._grad_hooks = HookSet()  # tensor hooks of the current step, removed when it ends
         self._recording = False
@@ -486,7 +501,7 @@ class GradientRecorder:
         if not training:
             return
         self._step = step
-        self._recording = step % self.stride == 0
+        self._recording = on_schedule(step, self.stride, self.schedule)
         self._step_norms = None
 
     def gradients_ready(self) -> None:

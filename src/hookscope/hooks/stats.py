@@ -369,6 +369,43 @@ def _histograms(
     return counts.view(rows, bins + 1)[:, :bins].to(torch.float64)
 
 
+def several_ranks() -> bool:
+    """True inside a ``torch.distributed`` process group of two or more ranks (torchrun, DDP)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def reduce_across_ranks(snapshots: Sequence[DeviceStats]) -> list[DeviceStats]:
+    """The snapshots of every rank of a ``torch.distributed`` process group combined, on every rank:
+    counts, sums, sums of squares, histograms and non-finite counts add, ``abs_max`` is the maximum — so
+    the result is what one process would have measured on all ranks' tensors together. Unchanged outside
+    a process group of two or more ranks.
+
+    Every rank must call it at the same point with the same layers in the same order (the loop's
+    lockstep: a statistics window that closes). Costs two all-reduces and one host read of the counts.
+    """
+    if not snapshots or not several_ranks():
+        return list(snapshots)
+    rows = [_fold(snap.folded, snap.updates, snap.bins, snap.range) for snap in snapshots]
+    device = rows[0].head.device
+    sums = torch.cat([t.reshape(-1).to(device) for r in rows for t in (r.head, r.histogram, r.channel_sq)])
+    counts = [n for snap, r in zip(snapshots, rows, strict=True) for n in (snap.count, r.sampled[0])]
+    packed = torch.cat([sums, torch.tensor(counts, dtype=sums.dtype, device=device)])
+    maxima = torch.cat([r.abs_max.reshape(-1).to(device) for r in rows])
+    torch.distributed.all_reduce(packed)
+    torch.distributed.all_reduce(maxima, op=torch.distributed.ReduceOp.MAX)
+    host_counts = [round(n) for n in packed[len(sums) :].tolist()]
+    reduced, offset = [], 0
+    for i, (snap, r) in enumerate(zip(snapshots, rows, strict=True)):
+        parts = []
+        for t in (r.head, r.histogram, r.channel_sq):
+            parts.append(packed[offset : offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        folded = _Rows(parts[0], parts[1], maxima[i : i + 1], parts[2], [host_counts[2 * i + 1]])
+        reduced.append(DeviceStats(host_counts[2 * i], snap.channels, snap.bins, snap.range, (), folded))
+    return reduced
+
+
 @overload
 def read_stats(snapshots: Mapping[K, DeviceStats | RunningStats]) -> dict[K, TensorStats]: ...
 @overload

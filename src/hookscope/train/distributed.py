@@ -31,6 +31,8 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from hookscope.hooks.stats import several_ranks
+
 if TYPE_CHECKING:
     from hookscope.train.data import DataLoaders
     from hookscope.train.learner import Learner
@@ -56,7 +58,7 @@ def launched_by_torchrun() -> bool:
 
 def is_distributed() -> bool:
     """True inside an initialised process group of more than one rank."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return several_ranks()
 
 
 def rank() -> int:
