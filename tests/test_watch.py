@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from faults import Branches, LogAct, digits_flat, kinds, mlp, train_with_doctor
+from faults import Branches, LogAct, SqrtAbs, digits_flat, kinds, mlp, train_with_doctor
 from torch import nn
 
 import hookscope as hs
@@ -67,6 +67,10 @@ FAULTS = {
     "no_gradient": (Branches, {}),
     "frozen": (_frozen, {}),
     "loss_divergence": (lambda: mlp(depth=3), {"lr": 10.0, "opt_func": torch.optim.SGD}),
+    "saturation": (
+        lambda: nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
+        {"dls": digits_flat(scale=100.0)},
+    ),
 }
 
 
@@ -93,6 +97,25 @@ def test_forward_nan_raises_at_the_step_naming_the_module_and_op():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the step never ran
     assert all(p.grad is None for p in model.parameters())
     assert _hook_count(model) == 0
+
+
+def test_a_backward_only_nan_is_blamed_on_the_backward_node_at_the_doctors_step():
+    torch.manual_seed(0)
+    learn = train_with_doctor(
+        nn.Sequential(nn.Linear(64, 32, bias=False), SqrtAbs(), nn.Linear(32, 10)), digits_flat(zero_row=70)
+    )
+    (expected,) = kinds(learn)["nonfinite"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32, bias=False), SqrtAbs(), nn.Linear(32, 10))
+    with pytest.raises(hs.NonFiniteError) as caught:
+        _plain_loop(model, dls=digits_flat(zero_row=70), guard=True)
+    report = caught.value.report
+    assert (report.module, report.phase, report.op) == ("1", "backward", "SqrtBackward0")
+    assert (
+        (caught.value.step, caught.value.reason)
+        == (expected.step, expected.evidence["reason"])
+        == (1, "gradient")
+    )
 
 
 def test_the_nonfinite_finding_matches_the_doctors():

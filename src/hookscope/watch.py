@@ -68,34 +68,11 @@ class NonFiniteError(RuntimeError):
         self.report, self.step, self.reason = report, step, reason
 
 
-def watch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    *,
-    doctor: bool = True,
-    stats: bool = True,
-    guard: bool = False,
-    select: Spec = None,
-    every: int = 1,
-    check_every: int = 10,
-    thresholds: Thresholds | None = None,
-    quiet: bool = False,
-    report: str | Path | None = None,
-) -> Watch:
-    """Watch ``model`` while a hand-written loop trains it; see :class:`Watch` for every option."""
-    return Watch(
-        model,
-        optimizer,
-        doctor=doctor,
-        stats=stats,
-        guard=guard,
-        select=select,
-        every=every,
-        check_every=check_every,
-        thresholds=thresholds,
-        quiet=quiet,
-        report=report,
-    )
+def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Watch:
+    """Watch ``model`` while a hand-written loop trains it: ``hs.watch(model, opt, doctor=True, stats=True,
+    guard=False, select=None, every=1, check_every=10, thresholds=None, quiet=False, report=None)``; the
+    options are keyword-only, see :class:`Watch`."""
+    return Watch(model, optimizer, **options)
 
 
 class Watch:
