@@ -5,12 +5,13 @@
 
 The folder holds ``config.json`` (options, command, versions, times, status), ``metrics.csv/.jsonl`` (a
 :class:`MetricsLogger`), ``summary.txt/.json``, ``findings.json`` and ``stats.json`` (when a Doctor or
-ActivationStats ran), ``pruning.json`` (when a Pruning callback ran), ``figures/*.png`` (curves,
-statistics, gradient flow, feature maps of the first convolutions), ``checkpoints/`` when asked, and
-``report.html``. It is written under the hidden name ``.<name>.partial`` and renamed into place when the
-fit ends (see :mod:`hookscope.staged_folder`); a fit that fails or is interrupted keeps the partial
-folder, with a report saying where it stopped, and ``fit(n, resume=<folder>)`` with the same callback
-continues it. ``hookscope train`` is this callback around a Learner.
+ActivationStats ran), ``preflight.json`` (when ``hs.preflight`` ran before the fit), ``pruning.json``
+(when a Pruning callback ran), ``figures/*.png`` (curves, statistics, gradient flow, feature maps of the
+first convolutions), ``checkpoints/`` when asked, and ``report.html``. It is written under the hidden
+name ``.<name>.partial`` and renamed into place when the fit ends (see :mod:`hookscope.staged_folder`);
+a fit that fails or is interrupted keeps the partial folder, with a report saying where it stopped, and
+``fit(n, resume=<folder>)`` with the same callback continues it. ``hookscope train`` is this callback
+around a Learner.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class RunFolder(Callback):
         self._sweeping = self._cancelled = False
         # where each tracker callback (TensorBoard, W&B, MLflow) writes, for config.json and the report
         self.trackers: dict[str, dict[str, str]] = {}
+        # what hs.preflight found before the fit (set by whoever ran it), for preflight.json and the report
+        self.preflight: list[Finding] | None = None
 
     @property
     def parts(self) -> list[Callback]:
@@ -192,6 +195,8 @@ class RunFolder(Callback):
         activations = doctor.activations if doctor is not None else _first(self.learn, ActivationStats)
         if activations is not None:
             _try("stats.json", lambda: self._write_stats(activations))
+        if self.preflight is not None:
+            _try("preflight.json", lambda: write_findings(self.folder.file, self.preflight, "preflight.json"))
         pruning = _first(self.learn, Pruning)
         if pruning is not None:
             _try(
@@ -276,9 +281,9 @@ class RunFolder(Callback):
         _report(self.folder.path)
 
 
-def write_findings(file: Callable[[str], Path], findings: list[Finding]) -> None:
-    """``findings.json``: every finding, most severe first."""
-    atomic_write_json(file("findings.json"), [f.to_dict() for f in ranked(findings)])
+def write_findings(file: Callable[[str], Path], findings: list[Finding], name: str = "findings.json") -> None:
+    """``findings.json`` (or ``name``): every finding, most severe first."""
+    atomic_write_json(file(name), [f.to_dict() for f in ranked(findings)])
 
 
 def write_stats(file: Callable[[str], Path], latest: Mapping[str, StepStats]) -> None:

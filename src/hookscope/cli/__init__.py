@@ -134,6 +134,14 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
         action="store_true",
         help="turn off the doctor and the activation/gradient statistics (faster)",
     )
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        default=None,
+        help="check model, data and loss before training (hs.preflight: labels, output vs loss, input "
+        "scale, samples mixing, loss at initialisation, overfitting one batch); findings go to "
+        "preflight.json and the report",
+    )
     p.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda when available)")
     p.add_argument(
         "--log",

@@ -22,6 +22,7 @@ class TrainOptions:
     clip: float | None = None
     seed: int = 0
     doctor: bool = True
+    preflight: bool = False  # hs.preflight's checks before training
     weights: str | None = None
     image_size: int = 64
     device: str | None = None

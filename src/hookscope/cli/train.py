@@ -29,6 +29,7 @@ from hookscope.callbacks.trackers.wandb import WandbCallback
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
 from hookscope.cli.options import OPTION_NAMES, TrainOptions, tracker_names
 from hookscope.doctor.findings import Finding
+from hookscope.doctor.preflight import preflight
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
     folder = learn.run_folder
     folder.overwrite = args.overwrite
+    if options.preflight and not args.resume and distributed.is_rank_zero():
+        folder.preflight = run_preflight(learn)
     start = time.perf_counter()
     try:
         learn.fit(options.epochs, resume=(args.resume_from or out) if args.resume else None)
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         code, message = _explain(err)
         raise CommandError(message + _resume_hint(folder), code) from err
     findings = ranked(learn.doctor.findings) if options.doctor else None
-    errors = [f for f in findings or () if f.severity == "error"]
+    errors = [f for f in [*(folder.preflight or ()), *(findings or ())] if f.severity == "error"]
     if not distributed.is_rank_zero():  # under torchrun rank 0 reports and publishes the run folder
         return 1 if errors else 0
     report_dir = folder.path if errors else folder.final
@@ -128,6 +131,21 @@ def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -
         RunFolder(out, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)
     )
     return cbs
+
+
+def run_preflight(learn: Learner) -> list[Finding]:
+    """:func:`hookscope.preflight` on the Learner's model, training data and loss (overfitting one batch
+    with its optimizer and learning rate), before any training; prints what it found."""
+    findings = ranked(
+        preflight(learn.model, learn.dls, learn.loss_func, opt_func=learn.opt_func, lr=learn.lr)
+    )
+    if not findings:
+        print("preflight: every check passed")
+    else:
+        print(f"preflight found {len(findings)} problem(s) before training:")
+    for f in findings:
+        print(f"  [{f.severity}] {f.kind} {f.module or '(model)'}: {f.message}")
+    return findings
 
 
 def closing_words(learn: Learner, run_dir: Path, seconds: float, findings: list[Finding] | None) -> str:

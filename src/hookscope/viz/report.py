@@ -108,6 +108,7 @@ def write_report(run_dir: str | Path) -> Path:
     body = [
         _header(config, rows, summary),
         *_figure_sections(figures, config, summary),
+        _preflight_section(_read_json(run_dir / "preflight.json", None)),
         _findings_section(findings),
         _stats_section(stats),
         _pruning_section(_read_json(run_dir / "pruning.json", None)),
@@ -259,8 +260,7 @@ def _findings_section(findings: list[dict[str, Any]] | None) -> str:
         return _section("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
     rows = [
         [
-            f'<span class="sev sev-{html.escape(str(f.get("severity", "info")).lower())}">'
-            f"{html.escape(str(f.get('severity', 'info')))}</span>",
+            _severity(f),
             f"<code>{html.escape(str(_layer(f)))}</code>",
             html.escape(_fmt(f.get("step", ""))),
             html.escape(str(f.get("message", ""))),
@@ -271,6 +271,35 @@ def _findings_section(findings: list[dict[str, Any]] | None) -> str:
         rows = [['<span class="sev sev-ok">ok</span>', "", "", "No problem found."]]
     table = _table(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
     return _section("Doctor's findings", lead, table)
+
+
+def _preflight_section(findings: list[dict[str, Any]] | None) -> str:
+    """What ``hs.preflight`` found before training (kind, module, message); nothing when it did not run."""
+    if findings is None:
+        return ""
+    lead = (
+        "Checked before training on a copy of the model: labels, output and loss, input scale, samples "
+        "mixing in a batch, the loss at initialisation, and overfitting one batch."
+    )
+    rows = [
+        [
+            _severity(f),
+            html.escape(str(f.get("kind", ""))),
+            f"<code>{html.escape(str(_layer(f)))}</code>",
+            html.escape(str(f.get("message", ""))),
+        ]
+        for f in findings
+    ]
+    if not rows:
+        rows = [['<span class="sev sev-ok">ok</span>', "", "", "Every preflight check passed."]]
+    table = _table(["severity", "check", "layer", "message"], rows, numeric=set(), table_id="preflight")
+    return _section("Preflight", lead, table)
+
+
+def _severity(finding: dict[str, Any]) -> str:
+    """The finding's severity as a coloured badge."""
+    severity = str(finding.get("severity", "info"))
+    return f'<span class="sev sev-{html.escape(severity.lower())}">{html.escape(severity)}</span>'
 
 
 def _layer(finding: dict[str, Any]) -> str:
