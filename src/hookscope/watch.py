@@ -114,9 +114,8 @@ class Watch:
         self.report_path = _check_report_folder(report) if report is not None else None
         self._engine = None
         if stats:
-            self._engine = Engine(
-                select, every, check_every, thresholds, quiet, diagnose=doctor, **_WATCH_ENGINE
-            )
+            settings = dict(select=select, every=every, check_every=check_every, thresholds=thresholds)
+            self._engine = Engine(**settings, quiet=quiet, diagnose=doctor, **_WATCH_ENGINE)
         self._guard = NonFiniteCheck(None, training=module_in_training) if guard else None
         self._hooks = HookSet()
         self._params = [p for p in model.parameters() if p.requires_grad]
