@@ -1,12 +1,14 @@
 """hs.preflight: every kind fires on its injected fault and names the module; healthy models give nothing;
 the user's model, BatchNorm statistics and random generators are left as they were."""
 
+import copy
+import json
 import random
 
 import numpy as np
 import pytest
 import torch
-from faults import BatchMixingView, MixesInForward, digits_raw_pixels, mlp
+from faults import BatchMixingView, MixesInForward, StopAfter, digits_raw_pixels, mlp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.models import mobilenet_v3_small, resnet18
@@ -323,3 +325,34 @@ def test_data_that_is_not_data_is_refused_in_one_line():
     empty = DataLoader(TensorDataset(torch.zeros(0, 64), torch.zeros(0, dtype=torch.long)), batch_size=4)
     with pytest.raises(ValueError, match="yields no batch"):
         hs.preflight(mlp(3), empty, nn.CrossEntropyLoss())
+
+
+# ---- Doctor(preflight=True) -------------------------------------------------------------------------------
+
+
+def _fit_with(doctor: hs.callbacks.Doctor, model: nn.Module, tmp_path, steps: int = 6) -> hs.Learner:
+    torch.manual_seed(0)
+    x, y = _digits(256)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+    folder = hs.callbacks.RunFolder(tmp_path / "run", figures=False)
+    learn = hs.Learner(model, (loader, None), nn.CrossEntropyLoss(), cbs=[doctor, folder], progress=False)
+    learn.fit(1, cbs=[StopAfter(steps)])
+    return learn
+
+
+def test_doctor_preflight_reports_before_training_and_leaves_the_run_as_it_would_be(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(mlp(3), nn.Softmax(dim=1))
+    twin = copy.deepcopy(model)
+    doctor = hs.callbacks.Doctor(preflight=True, quiet=True)
+    learn = _fit_with(doctor, model, tmp_path / "with")
+    (finding,) = doctor.preflight_findings
+    assert (finding.kind, finding.module) == ("output_loss_mismatch", "1")
+    assert finding in doctor.findings
+    written = json.loads((tmp_path / "with" / "run" / "preflight.json").read_text())
+    assert [f["kind"] for f in written] == ["output_loss_mismatch"]
+
+    plain = _fit_with(hs.callbacks.Doctor(quiet=True), twin, tmp_path / "without")
+    assert not (tmp_path / "without" / "run" / "preflight.json").exists()
+    for a, b in zip(learn.model.parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the same training: preflight drew nothing from the run's generators

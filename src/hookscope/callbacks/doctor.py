@@ -26,10 +26,12 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.guard import NonFiniteGuard
+from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
+from hookscope.doctor.preflight import preflight
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -48,6 +50,8 @@ class Doctor(Callback):
     ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first one, keeping the last
     good weights).
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.
+    ``preflight=True`` runs :func:`hookscope.preflight` at the first ``before_fit`` (not when resuming):
+    its findings join the doctor's, and ``preflight_findings`` keeps them for the run folder.
     """
 
     order = 15
@@ -62,7 +66,10 @@ class Doctor(Callback):
         guard: bool = True,
         quiet: bool = False,
         max_print: int = 10,
+        preflight: bool = False,
     ) -> None:
+        self.preflight = preflight
+        self.preflight_findings: list[Finding] | None = None
         self.quiet = quiet
         self.engine = Engine(
             select, every, check_every, thresholds, quiet, max_print, drive_recorders=False, owner="Doctor"
@@ -91,9 +98,19 @@ class Doctor(Callback):
         self.engine.attach(self.learn.model)
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
+        fresh = self.learn.resumed_from is None and not sweeping(self.learn)
+        if self.preflight and self.preflight_findings is None and fresh:
+            self._preflight()
 
     def before_batch(self) -> None:
         self.engine.begin_batch(self.learn.training_step, self.learn.training)
+
+    def _preflight(self) -> None:
+        """hs.preflight on the Learner's model, training data and loss, with its optimizer and lr."""
+        learn = self.learn
+        found = preflight(learn.model, learn.dls, learn.loss_func, opt_func=learn.opt_func, lr=learn.lr)
+        self.preflight_findings = found
+        self.engine.report(found)
 
     def after_loss(self) -> None:
         self.engine.log_loss(self.learn.loss, self.learn.training)

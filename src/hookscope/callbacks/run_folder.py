@@ -101,7 +101,8 @@ class RunFolder(Callback):
         self._sweeping = self._cancelled = False
         # where each tracker callback (TensorBoard, W&B, MLflow) writes, for config.json and the report
         self.trackers: dict[str, dict[str, str]] = {}
-        # what hs.preflight found before the fit (set by whoever ran it), for preflight.json and the report
+        # what hs.preflight found before the fit, for preflight.json and the report: set by whoever ran
+        # it (the command line); else a Doctor(preflight=True)'s
         self.preflight: list[Finding] | None = None
 
     @property
@@ -195,8 +196,11 @@ class RunFolder(Callback):
         activations = doctor.activations if doctor is not None else _first(self.learn, ActivationStats)
         if activations is not None:
             _try("stats.json", lambda: self._write_stats(activations))
-        if self.preflight is not None:
-            _try("preflight.json", lambda: write_findings(self.folder.file, self.preflight, "preflight.json"))
+        preflight = (
+            self.preflight if self.preflight is not None else getattr(doctor, "preflight_findings", None)
+        )
+        if preflight is not None:
+            _try("preflight.json", lambda: write_findings(self.folder.file, preflight, "preflight.json"))
         pruning = _first(self.learn, Pruning)
         if pruning is not None:
             _try(
