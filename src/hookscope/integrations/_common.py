@@ -41,13 +41,10 @@ def user_model(wrapper: nn.Module, model: nn.Module | None = None) -> nn.Module:
 def watch_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` checked against ``hs.watch``'s keyword options now, when the callback is made, rather
     than at the first step of a fit."""
-    from hookscope.watch import watch
+    from hookscope.watch import Watch
 
-    accepted = [
-        name
-        for name, p in inspect.signature(watch).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
+    parameters = inspect.signature(Watch).parameters.items()
+    accepted = [name for name, p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(

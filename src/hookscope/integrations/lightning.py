@@ -88,7 +88,9 @@ class HookscopeCallback(pl.Callback):
             self.watch.step_done()
         else:
             self.watch.skip_step()
-        if self.watch.step % self.watch.check_every == 0:  # the check just read everything: no extra sync
+        if (
+            self.watch.step % self.watch.options["check_every"] == 0
+        ):  # the check just read everything: no extra sync
             for logger in trainer.loggers:
                 logger.log_metrics(scalars(self.watch), step=trainer.global_step)
 

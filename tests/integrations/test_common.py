@@ -1,0 +1,83 @@
+"""What the three integrations share: the module they watch, their options, their install hint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from hookscope.integrations._common import StepSeen, user_model
+
+
+class Holder(nn.Module):
+    """A wrapper as frameworks want them: the user's network, a loss module, maybe parameters of its own."""
+
+    def __init__(self, net: nn.Module, own: bool = False) -> None:
+        super().__init__()
+        self.net = net
+        self.loss_func = nn.CrossEntropyLoss()
+        self.scale = nn.Parameter(torch.ones(())) if own else None
+
+
+def test_the_users_model_is_the_only_child_holding_parameters() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    assert user_model(Holder(net)) is net
+
+
+def test_a_wrapper_with_parameters_of_its_own_or_two_networks_is_watched_whole() -> None:
+    net = nn.Linear(4, 4)
+    with_own = Holder(net, own=True)
+    assert user_model(with_own) is with_own
+    two = nn.ModuleDict({"encoder": nn.Linear(4, 4), "decoder": nn.Linear(4, 4)})
+    assert user_model(two) is two
+
+
+def test_an_explicit_model_wins() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert user_model(Holder(net), net[0]) is net[0]
+
+
+def test_step_seen_tells_a_real_step_from_a_skipped_one_and_leaves_no_hook() -> None:
+    layer = nn.Linear(2, 1)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    seen = StepSeen()
+    seen.attach([opt])
+    layer(torch.ones(1, 2)).sum().backward()
+    assert not seen.stepped
+    opt.step()
+    assert seen.stepped
+    seen.reset()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    scaler.scale(layer(torch.ones(1, 2)).sum()).backward()
+    layer.weight.grad.fill_(float("inf"))
+    scaler.step(opt)  # inf gradients: the scaler skips opt.step()
+    assert not seen.stepped
+    seen.remove()
+    layer.weight.grad.zero_()
+    opt.step()
+    assert not seen.stepped
+
+
+@pytest.mark.parametrize("framework", ["lightning", "fastai", "transformers"])
+def test_a_misspelt_option_is_refused_when_the_callback_is_made(framework: str) -> None:
+    module = __import__(f"hookscope.integrations.{framework}", fromlist=["HookscopeCallback"])
+    with pytest.raises(TypeError, match=r"unknown option.*check_evry.*check_every"):
+        module.HookscopeCallback(check_evry=5)
+
+
+@pytest.mark.parametrize(
+    ("framework", "blocked"),
+    [("lightning", "lightning"), ("fastai", "fastai"), ("transformers", "transformers")],
+)
+def test_without_the_framework_the_import_says_how_to_install_it(framework: str, blocked: str) -> None:
+    code = f"import sys; sys.modules[{blocked!r}] = None; import hookscope.integrations.{framework}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        last.startswith("ImportError: hookscope.integrations.")
+        and "pip install 'hookscope[integrations]'" in last
+    )

@@ -1,0 +1,65 @@
+"""hookscope's Lightning callback: bf16 and gradient accumulation, the user's names, the Trainer's logger."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from faults import digits_flat, mlp
+from lightning.pytorch.loggers import CSVLogger
+from loops import LitClassifier, lightning_trainer
+
+from hookscope.integrations.lightning import HookscopeCallback
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+def dead_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = mlp(depth=3)
+    with torch.no_grad():
+        model[2].bias.fill_(-10.0)
+    return model
+
+
+def hooks_left(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_bf16_with_accumulation_reads_gradients_once_per_optimizer_step_and_logs(tmp_path) -> None:
+    net = dead_mlp()
+    callback = HookscopeCallback(quiet=True, check_every=3)
+    trainer = lightning_trainer(
+        6, callback, precision="bf16-mixed", accumulate_grad_batches=2, logger=CSVLogger(tmp_path)
+    )
+    trainer.fit(LitClassifier(net), digits_flat().train)  # 12 batches, 6 optimizer steps
+    assert callback.watch.step == trainer.global_step == 6
+    assert [len(records) for records in callback.watch.gradients.values()] == [6] * len(
+        callback.watch.gradients
+    )
+    (dead,) = [f for f in callback.findings if f.kind == "dead_units"]
+    assert (dead.module, dead.step) == ("3", 0)  # the net's own name, not net.3
+    assert set(callback.watch.activations) >= {"0", "1", "2", "3", "4"}
+    rows = list(csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()))
+    logged = [
+        (row["step"], row["hookscope/findings/dead_units"]) for row in rows if row.get("hookscope/findings")
+    ]
+    assert logged == [("3", "1.0"), ("6", "1.0")]  # after each check, at the Trainer's step
+    assert hooks_left(net) == 0
+
+
+def test_an_explicit_model_names_findings_from_there() -> None:
+    net = dead_mlp()
+    lit = LitClassifier(net)
+    callback = HookscopeCallback(model=lit, quiet=True, check_every=3)
+    lightning_trainer(3, callback).fit(lit, digits_flat().train)
+    assert [f.module for f in callback.findings if f.kind == "dead_units"] == ["net.3"]
+
+
+def test_a_second_fit_watches_again_with_one_set_of_hooks() -> None:
+    net = dead_mlp()
+    callback = HookscopeCallback(quiet=True, check_every=3)
+    for _ in range(2):
+        lightning_trainer(3, callback).fit(LitClassifier(net), digits_flat().train)
+        assert callback.watch.step == 3 and hooks_left(net) == 0

@@ -1,0 +1,49 @@
+"""hookscope's Hugging Face callback on a tiny BERT built from a config: its own names, one read per step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from loops import hf_arguments
+from transformers import BertConfig, BertForSequenceClassification, Trainer
+
+from hookscope.integrations.transformers import HookscopeCallback
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
+    return BertForSequenceClassification(config)
+
+
+def examples(n: int) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        {"input_ids": torch.randint(0, 100, (16,), generator=gen), "labels": torch.tensor(i % 2)}
+        for i in range(n)
+    ]
+
+
+def test_accumulated_steps_are_read_once_each_under_the_models_own_names(tmp_path) -> None:
+    bert = tiny_bert()
+    callback = HookscopeCallback(quiet=True, check_every=2)
+    args = hf_arguments(str(tmp_path), 4, 8, 5e-4, gradient_accumulation_steps=2)
+    trainer = Trainer(model=bert, args=args, train_dataset=examples(64), callbacks=[callback])
+    trainer.train()
+    watch = callback.watch
+    assert watch.step == trainer.state.global_step == 4
+    # every layer that ran has one record per optimizer step (the SDPA attention never calls its dropout)
+    assert {len(records) for records in watch.gradients.values() if records} == {4}
+    assert "bert.encoder.layer.0.attention.self.query" in watch.activations
+    assert {f.module for f in callback.findings} <= set(watch.activations) | {""}  # HF's names, unchanged
+    assert sum(len(m._forward_hooks) for m in bert.modules()) == 0
