@@ -31,7 +31,7 @@ from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.preflight import preflight
+from hookscope.doctor.preflight import preflight, training_loader
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -186,7 +186,7 @@ def diagnose(
             "(or a Learner)"
         )
     doctor = Doctor(quiet=quiet, check_every=max(1, min(10, steps)), **doctor_kw)
-    loader = _train_loader(data)
+    loader = training_loader(data, "diagnose")
     require_batches(loader, "diagnose")
     targets = _TargetRange()
     learn = Learner(
@@ -233,18 +233,3 @@ class _TargetRange(Callback):
         ranges = torch.stack(self.ranges)
         low, high = torch.stack([ranges[:, 0].min(), ranges[:, 1].max()]).tolist()
         return rules.label_problem(low, high, len(self.ranges))
-
-
-def _train_loader(data: Any) -> Any:
-    if isinstance(data, DataLoaders):
-        return data.train
-    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(d, torch.Tensor) for d in data):
-        return [tuple(data)]
-    if isinstance(data, tuple | list) and len(data) == 2 and hasattr(data[0], "__iter__"):
-        return data[0]
-    if hasattr(data, "__iter__") and hasattr(data, "__len__"):
-        return data
-    raise TypeError(
-        f"diagnose: data of type {type(data).__name__} is not a DataLoader, a (train, valid) pair or an "
-        "(inputs, targets) batch; pass one of these"
-    )
