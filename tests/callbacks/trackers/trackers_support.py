@@ -66,16 +66,20 @@ def wandb_records(run_dir: Path) -> list[Any]:
 
 
 def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows logged with ``run.log``, each a dict of decoded JSON values."""
+    """The rows logged with ``run.log``, each a dict of decoded JSON values; W&B splits media (tables,
+    histograms) into nested keys, which become nested dicts again."""
     rows = []
     for record in wandb_records(run_dir):
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
-            )
+        if record.WhichOneof("record_type") != "history":
+            continue
+        row: dict[str, Any] = {}
+        for item in record.history.item:
+            keys = [item.key] if item.key else list(item.nested_key)
+            place = row
+            for key in keys[:-1]:
+                place = place.setdefault(key, {})
+            place[keys[-1]] = json.loads(item.value_json)
+        rows.append(row)
     return rows
 
 
@@ -91,9 +95,13 @@ def wandb_run(records: list[Any]) -> Any:
 
 
 def mlflow_client(store: Path) -> Any:
+    """A client on the SQLite file ``store``, with no connection left from an earlier client: MLflow
+    caches one engine per URI, and the run folder's rename replaces the file under it."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(f"sqlite:///{store}")
+    client = MlflowClient(f"sqlite:///{store}")
+    client._tracking_client.store.engine.dispose()
+    return client
 
 
 class KillUnits(hs.Callback):

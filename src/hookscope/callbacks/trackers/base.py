@@ -110,8 +110,8 @@ class Tracker(Callback, ABC):
 
     @property
     def name(self) -> str:
-        """``learn.<name>``, and the key of this tracker's state in checkpoints."""
-        return self.label.lower().replace("&", "")
+        """``learn.<name>``, its state's key in checkpoints: ``tensorboard``, ``wandb`` or ``mlflow``."""
+        return type(self).__name__.removesuffix("Callback").lower()
 
     # ---- what a tracker implements ---------------------------------------------------------------------
 

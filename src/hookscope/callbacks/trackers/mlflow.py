@@ -81,6 +81,7 @@ class MLflowCallback(Tracker):
                 _relocate(self._store, _other_names(self.run_folder(), folder), folder)
             uri = f"sqlite:///{self._store}"
         self.client = MlflowClient(uri)
+        _release(self.client)  # an engine cached by an earlier fit may hold a file that has since moved
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
         else:
@@ -156,6 +157,7 @@ class MLflowCallback(Tracker):
 
     def close_run(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+        _release(self.client)
 
     def _params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -163,6 +165,16 @@ class MLflowCallback(Tracker):
         items = [Param(_key(k), v[:_PARAM_LENGTH]) for k, v in params.items()]
         for chunk in _chunks(items, _MAX_PARAMS):
             self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+
+
+def _release(client: Any) -> None:
+    """Close the store's pooled SQLite connections. MLflow keeps one engine per URI for the whole process;
+    a connection left open on a file that is then renamed or replaced (the run folder is, when it ends or
+    resumes) fails with "attempt to write a readonly database" the next time it is used."""
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    engine = getattr(store, "engine", None)
+    if engine is not None:
+        engine.dispose()
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
