@@ -38,19 +38,19 @@ class Fault(hs.Callback):
 
 
 class PauseAt(hs.Callback):
-    """After optimizer step ``step``: write this process's id to ``<out>/paused<rank>`` and sleep (the test
-    kills the job there)."""
+    """After optimizer step ``step``: write this process's id to ``<out>/paused<rank>`` and sleep for
+    ``seconds`` (the test kills or interrupts the job there)."""
 
     order = 100
 
-    def __init__(self, step: int, out: Path) -> None:
-        self.step, self.out = step, out
+    def __init__(self, step: int, out: Path, seconds: float) -> None:
+        self.step, self.out, self.seconds = step, out, seconds
 
     def after_batch(self) -> None:
         if self.learn.training_step == self.step:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / f"paused{distributed.rank()}").write_text(str(os.getpid()))
-            time.sleep(600)
+            time.sleep(self.seconds)
 
 
 def data(batch_size: int, shuffle: bool) -> hs.DataLoaders:
@@ -81,10 +81,17 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=4)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--pause-at", type=int)
+    parser.add_argument("--pause-for", type=float, default=600)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(16, 3))
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        torch.distributed.init_process_group("gloo")
+        fully_shard(model)
     cbs: list[hs.Callback] = []
     if args.fault:
         cbs.append(Fault(args.fault, args.fault_rank, args.fault_step))
@@ -95,7 +102,7 @@ def main() -> None:
     if args.checkpoints:
         cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every))
     if args.pause_at is not None:
-        cbs.append(PauseAt(args.pause_at, args.out))
+        cbs.append(PauseAt(args.pause_at, args.out, args.pause_for))
     learn = hs.Learner(
         model,
         data(args.batch_size, args.shuffle),

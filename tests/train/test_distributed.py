@@ -190,6 +190,37 @@ def test_kill_9_then_resume_gives_the_uninterrupted_weights_bitwise(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_saves_on_every_rank_and_exits(tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(SCRIPT), "--out", str(out), "--epochs", "3", "--checkpoints", str(ckpt), "--every", "100"]
+    job = subprocess.Popen(
+        [*command, "--pause-at", "7", "--pause-for", "3"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    paused = [out / "paused0", out / "paused1"]
+    deadline = time.monotonic() + 150
+    while not all(p.exists() for p in paused) and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal does: torchrun passes it to the ranks
+    output, _ = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert output.count("hookscope: interrupted at epoch 2, step 8") == 1, output  # printed by rank 0
+    saved = torch.load(ckpt / "last.pt", weights_only=True)
+    assert saved["position"]["training_step"] == 8 and len(saved["ranks"]) == 2  # the same step on both
+
+    resumed = subprocess.run(
+        [*command, "--resume"], capture_output=True, text=True, timeout=150, env=ENV, check=False
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert [len(r["history"]) for r in results(out)] == [3, 3]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_hookscope_train_under_torchrun_writes_one_run_folder(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "ddp"
@@ -199,3 +230,15 @@ def test_hookscope_train_under_torchrun_writes_one_run_folder(tmp_path: Path) ->
     assert (run / "report.html").is_file() and (run / "checkpoints" / "last.pt").is_file()
     assert done.stdout.count("report: ") == 1  # the closing words come from rank 0 only
     assert len(torch.load(run / "checkpoints" / "last.pt", weights_only=True)["ranks"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_fsdp2_sharded_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = torchrun(str(SCRIPT), "--out", str(tmp_path), "--fsdp")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert (
+        "NotImplementedError: Learner under torchrun: 4 parameter(s) of FSDPSequential are sharded" in output
+    )
+    assert not list(tmp_path.glob("rank*.pt"))

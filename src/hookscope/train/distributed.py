@@ -260,6 +260,22 @@ def sampler_seed(loader: Any) -> int:
     return broadcast_int(seed % 2**63)
 
 
+def refuse_sharded_parameters(model: nn.Module) -> None:
+    """Refuse a model whose parameters are sharded across ranks (FSDP2's ``fully_shard``, tensor
+    parallelism: DTensors): its gradients and their norms would be one shard's, and hookscope would report
+    them as the model's — wrong numbers. DDP (full parameters on every rank) is what the Learner runs."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
+    if not sharded:
+        return
+    raise NotImplementedError(
+        f"Learner under torchrun: {len(sharded)} parameter(s) of {type(model).__name__} are sharded DTensors "
+        f"(FSDP2 fully_shard or tensor parallelism), e.g. {sharded[0]}; hookscope's Learner and statistics "
+        "support DistributedDataParallel only — pass the unsharded model and let the Learner wrap it"
+    )
+
+
 # ---- one fit under torchrun ----------------------------------------------------------------------------
 
 
@@ -301,6 +317,7 @@ class Session:
         self._created = init_process_group(learn.device)
         if not is_distributed():
             return
+        refuse_sharded_parameters(learn.model)
         from hookscope.train.data import DataLoaders  # train.data imports this module
 
         self.seed = sampler_seed(learn.dls.train) if self.seed is None else self.seed

@@ -1,0 +1,176 @@
+"""Per-step cost of a 2-process DDP loop on CPU (gloo): hand-written vs hookscope's Learner vs Lightning.
+
+The MLP of loop_overhead.py (32 -> 64 -> 10, where the loop's own cost shows), batch 64 per rank, SGD, one
+thread per rank. Every variant wraps the model in DistributedDataParallel and shards a shuffled
+DataLoader with a DistributedSampler (Lightning and the Learner do both themselves); each rank runs
+WARMUP + STEPS batches of one epoch and rank 0 times the STEPS steps after the warm-up. Variants alternate
+in the same two processes (one process group, created by this script); the median over rounds is
+reported as µs per step and as a ratio to the hand-written loop. Run it as a plain script — it starts
+torchrun itself: python benchmarks/ddp_overhead.py [--quick] [--rounds N] [--clock cpu]
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import CLOCKS, benchmark_args, format_table, median, optional_import, run_alternating
+from loop_overhead import BATCH, LR, HookscopeClock, StepClock, mlp
+
+import hookscope as hs
+
+WORLD = 2
+
+
+class Setup:
+    """The data of every variant: enough shuffled samples for WARMUP + STEPS batches on each rank."""
+
+    def __init__(self, warmup: int, steps: int, clock_name: str) -> None:
+        self.warmup, self.steps, self.clock = warmup, steps, CLOCKS[clock_name]
+        n = (warmup + steps) * BATCH * WORLD
+        generator = torch.Generator().manual_seed(0)
+        self.dataset = TensorDataset(torch.randn(n, 32, generator=generator), torch.randint(0, 10, (n,)))
+
+    def loader(self) -> DataLoader:
+        return DataLoader(self.dataset, batch_size=BATCH, shuffle=True)
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(0)
+        return mlp()
+
+
+def hand_written(setup: Setup) -> float:
+    """The DDP loop as the PyTorch tutorial writes it."""
+    model = DistributedDataParallel(setup.model())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    sampler = DistributedSampler(setup.dataset, shuffle=True, seed=0)
+    sampler.set_epoch(0)
+    loss_func, clock = nn.CrossEntropyLoss(), StepClock(setup)
+    for i, (x, y) in enumerate(DataLoader(setup.dataset, batch_size=BATCH, sampler=sampler)):
+        loss = loss_func(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        clock.step_done(i)
+    return clock.seconds
+
+
+def learner(setup: Setup, in_memory: bool) -> float:
+    """The same user code as in one process: the Learner wraps and shards under torchrun."""
+    clock = StepClock(setup)
+    learn = hs.Learner(
+        setup.model(),
+        hs.DataLoaders(setup.loader(), in_memory=in_memory),
+        nn.CrossEntropyLoss(),
+        opt_func=torch.optim.SGD,
+        lr=LR,
+        cbs=[HookscopeClock(clock)],
+        progress=False,
+    )
+    learn.fit(1)
+    return clock.seconds
+
+
+def lightning_variant(setup: Setup) -> float:
+    import lightning as L
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no GPU/TPU banners between rows
+    clock = StepClock(setup)
+    model = setup.model()
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.loss_func = model, nn.CrossEntropyLoss()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.loss_func(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            clock.step_done(batch_idx)
+
+    trainer = L.Trainer(
+        max_epochs=1,
+        strategy="ddp",
+        accelerator="cpu",
+        devices=WORLD,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[Clock()],
+    )
+    trainer.fit(Module(), train_dataloaders=setup.loader())
+    return clock.seconds
+
+
+def on_every_rank(variant: functools.partial) -> float:
+    """Start every rank's run together; rank 0's time is the one reported."""
+    dist.barrier()
+    return variant()
+
+
+def worker(args: SimpleNamespace) -> None:
+    """One rank under torchrun: all variants, alternating; rank 0 prints the table."""
+    warnings.filterwarnings("ignore")  # peers' deprecation notices
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    warmup, steps, rounds = (5, 30, 1) if args.quick else (30, 300, args.rounds)
+    setup = Setup(warmup, steps, args.clock)
+    variants = {
+        "hand-written DDP, DataLoader": functools.partial(hand_written, setup),
+        "hookscope Learner (in_memory=False)": functools.partial(learner, setup, False),
+        "hookscope Learner (in-memory fast path)": functools.partial(learner, setup, True),
+    }
+    skipped: dict[str, str] = {}
+    found, reason = optional_import("lightning")
+    if found is None:
+        skipped["Lightning Trainer(strategy='ddp')"] = reason
+    else:
+        variants["Lightning Trainer(strategy='ddp')"] = functools.partial(lightning_variant, setup)
+    times = run_alternating(
+        {name: functools.partial(on_every_rank, v) for name, v in variants.items()}, rounds
+    )
+    if dist.get_rank() == 0:
+        per_step = {name: median(t) / steps * 1e6 for name, t in times.items()}
+        title = (
+            f"{WORLD} processes, gloo, MLP 32-64-10, batch {BATCH}/rank, {args.clock} clock, {rounds} rounds"
+        )
+        print(format_table(title, per_step, baseline="hand-written DDP, DataLoader", skipped=skipped))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = benchmark_args(__doc__.splitlines()[0])
+    if "LOCAL_RANK" in os.environ:
+        worker(args)
+        return
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*command, __file__, *sys.argv[1:]], env=env, check=False)
+    sys.exit(done.returncode)
+
+
+if __name__ == "__main__":
+    main()
