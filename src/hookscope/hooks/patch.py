@@ -11,7 +11,6 @@ removed when the block ends, also when it raised: afterwards the model computes 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, TypeAlias
 
 import torch
@@ -24,42 +23,27 @@ PatchFn: TypeAlias = Callable[[Any, nn.Module, str], Any]
 PatchValue: TypeAlias = PatchFn | torch.Tensor | Sequence[torch.Tensor]
 
 
-class Patch:
-    """The hooks of one :func:`patch`; ``applied[name]`` counts the outputs replaced so far. Removes its
-    hooks on exit or :meth:`remove`."""
+class Patch(HookSet):
+    """The hooks of one :func:`patch` (a :class:`HookSet`: a context manager, removed on exit or
+    ``remove()``); ``applied[name]`` counts the outputs replaced so far."""
 
     def __init__(self, model: nn.Module, patches: Mapping[Any, PatchValue]) -> None:
+        super().__init__()
         self.applied: dict[str, int] = {}
         self._calls: dict[str, int] = {}
-        self._hooks = HookSet()
         try:
-            self._hooks.forward_pre(model, lambda module, args: self._calls.clear())
+            self.forward_pre(model, lambda module, args: self._calls.clear())
             counted: set[str] = set()
             for key, value in patches.items():
                 spec, only_call = _parse_key(key)
                 for name, module in select(model, spec):
                     if name not in counted:
-                        self._hooks.forward_pre(module, lambda m, args, name=name: self._count(name))
+                        self.forward_pre(module, lambda m, args, name=name: self._count(name))
                         counted.add(name)
-                    self._hooks.forward(module, self._hook(name, only_call, value))
+                    self.forward(module, self._hook(name, only_call, value))
         except BaseException:
-            self._hooks.remove()
+            self.remove()
             raise
-
-    def remove(self) -> None:
-        """Remove every hook of this patch; idempotent."""
-        self._hooks.remove()
-
-    def __enter__(self) -> Patch:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
 
     def _count(self, name: str) -> None:
         self._calls[name] = self._calls.get(name, 0) + 1

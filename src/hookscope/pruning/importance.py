@@ -163,11 +163,7 @@ def _unit_activation(
         counts[module_name] = counts.get(module_name, 0) + tensor.numel() // per_unit.numel()
 
     with HookSet() as hooks, evaluating(model), torch.no_grad():
-        for n, m in modules:
-            if kind == "input":
-                hooks.forward_pre(m, lambda mod, args, n=n: record(n, mod, args))
-            else:
-                hooks.forward(m, lambda mod, args, out, n=n: record(n, mod, out))
+        _on_units(hooks, modules, kind, record)
         for inputs, _ in batches:
             model(*inputs)
     _require_ran(modules, sums)
@@ -205,16 +201,23 @@ def _taylor_scores(
 
     params = [p for p in model.parameters() if p.requires_grad]
     with HookSet() as hooks, evaluating(model):
-        for n, m in modules:
-            if kind == "input":
-                hooks.forward_pre(m, lambda mod, args, n=n: watch(n, mod, args))
-            else:
-                hooks.forward(m, lambda mod, args, out, n=n: watch(n, mod, out))
+        _on_units(hooks, modules, kind, watch)
         for inputs, targets in batches:
             loss = _loss(model, inputs, targets, loss_func)
             torch.autograd.grad(loss, params, allow_unused=True)
     _require_ran(modules, sums)
     return {n: sums[n] / samples[n] for n, _ in modules}
+
+
+def _on_units(
+    hooks: HookSet, modules: list[tuple[str, nn.Module]], kind: str, fn: Callable[[str, nn.Module, Any], None]
+) -> None:
+    """Call ``fn(name, module, value)`` with each module's inputs (``kind="input"``) or output, per call."""
+    for n, m in modules:
+        if kind == "input":
+            hooks.forward_pre(m, lambda mod, args, n=n: fn(n, mod, args))
+        else:
+            hooks.forward(m, lambda mod, args, out, n=n: fn(n, mod, out))
 
 
 def _weight_grads(
