@@ -8,6 +8,8 @@ from torchvision.models import resnet18
 
 import hookscope as hs
 from hookscope.models import digits_cnn
+from hookscope.pruning.compact import GroupImportance
+from hookscope.pruning.importance import activation_importance
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,3 +55,22 @@ def test_unstructured_masks_leave_nothing_to_compact() -> None:
     hs.prune(model, "features.1.0", 0.2)  # 288 weights per channel: none loses all of them
     with pytest.raises(ValueError, match="structured=True"):
         hs.compact(model, data()[0])
+
+
+def test_torch_pruning_meta_pruner_with_hookscopes_activation_importance() -> None:
+    import torch_pruning as tp
+
+    torch.manual_seed(0)
+    model = digits_cnn().eval()
+    x, y = data()
+    first = model.features[0][0]
+    scores = activation_importance(model, "features.0.0", [(x, y)])["features.0.0"]
+    keep = scores.argsort(descending=True)[:16].sort().values
+    kept_weights = first.weight.detach()[keep].clone()
+    importance = GroupImportance(model, "activation", [(x, y)])
+    pruner = tp.pruner.MetaPruner(
+        model, x, importance=importance, pruning_ratio=0.5, ignored_layers=[model.head[2]]
+    )
+    pruner.step()
+    assert [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)] == [16, 32, 32]
+    assert torch.equal(first.weight.detach(), kept_weights)  # the 16 channels of highest mean |activation|

@@ -5,7 +5,8 @@ structured pruning zeroed (a slice along dim 0 of a masked weight, with its bias
 permanent and removes those channels with Torch-Pruning's dependency graph (Fang et al., DepGraph, CVPR
 2023), which also shrinks what depends on them: the next layer's inputs, BatchNorm, concatenations and
 the layers a residual addition couples. Which channels go was decided by :func:`~hookscope.pruning.prune`,
-so hookscope's activation and Taylor importance choose them.
+so hookscope's activation and Taylor importance choose them. :class:`GroupImportance` offers the same
+scores to Torch-Pruning's own pruners (``tp.pruner.MetaPruner(..., importance=GroupImportance(...))``).
 
 Outputs are unchanged (to float rounding) when a removed channel reached the next layer as zero: prune the
 layer whose output feeds the next one (a Conv without BatchNorm, or the BatchNorm after a Conv), and no
@@ -15,6 +16,7 @@ turns a zero channel into the constant shift ``beta - gamma * mean / std``, whic
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from hookscope.hooks.summary import summary
+from hookscope.pruning.importance import Batch, importance
 from hookscope.pruning.masks import finalize_pruning, is_masked
 
 INSTALL_HINT = "pip install 'hookscope[pruning]'"
@@ -118,3 +121,31 @@ def _remove(tp: Any, model: nn.Module, example_input: Any, layers: list[str]) ->
         group.prune()
         removed[name] = len(channels)
     return removed
+
+
+class GroupImportance:
+    """hookscope's importance as a Torch-Pruning importance: called with a dependency group, it returns
+    the scores of the group's root layer's output channels, ``how`` being any of :func:`hookscope.prune`'s
+    (``activation`` and ``taylor`` measured through hooks over ``data``; ``taylor`` needs ``loss_func``).
+
+    ``tp.pruner.MetaPruner(model, x, importance=hs.pruning.compact.GroupImportance(model, "activation",
+    data), pruning_ratio=0.5)`` then removes channels chosen by mean activation instead of magnitude.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        how: str = "activation",
+        data: Iterable[Batch] | None = None,
+        loss_func: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
+        self.model, self.how, self.loss_func = model, how, loss_func
+        self.data = list(data) if data is not None else None  # a loader is read once per group
+
+    def __call__(self, group: Any) -> torch.Tensor:
+        root = group[0].dep.target.module
+        name = next(n for n, m in self.model.named_modules() if m is root)
+        scores = importance(
+            self.model, [name], self.how, structured=True, data=self.data, loss_func=self.loss_func
+        )
+        return scores[name][list(group[0].root_idxs)]
