@@ -83,6 +83,27 @@ def test_batchnorm_with_batch_statistics_is_not_reported_but_a_mix_behind_it_is(
     assert finding.module == "1" and finding.evidence["modules"] == ["1"]
 
 
+class SequenceFirstLSTM(nn.Module):
+    """Correct code: 24 features read as a sequence of 3 steps, fed time-first to an LSTM. The sequence
+    length (3) is made inside the model and equals the first probe size."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.lstm = nn.LSTM(16, 32)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        steps = self.embed(x.view(len(x), 3, 8)).transpose(0, 1)  # (3, N, 16)
+        out, _ = self.lstm(steps)
+        return self.head(out[-1])
+
+
+def test_a_time_dimension_the_size_of_the_probe_batch_is_not_taken_for_the_batch():
+    x, y = _digits()
+    assert "batch_mixing" not in _found(SequenceFirstLSTM(), (x[:, :24], y), steps=10)
+
+
 # ---- output_loss_mismatch -------------------------------------------------------------------------------
 
 

@@ -44,8 +44,9 @@ MIN_LABELS_ONE_CLASS = 16
 # cannot_overfit: OVERFIT_SAMPLES samples, at most OVERFIT_STEPS steps, must bring the loss below
 # OVERFIT_FRACTION of chance (above the loss's own floor, e.g. with label smoothing).
 OVERFIT_SAMPLES, OVERFIT_STEPS, OVERFIT_FRACTION, OVERFIT_LR = 16, 300, 0.1, 1e-3
-# batch_mixing: sample counts tried for the probe batch (one that no other dimension of the data has).
-MIXING_SIZES = (3, 5, 7, 11, 13)
+# batch_mixing: sample counts tried for the probe batch (one that no other dimension of the data has),
+# and at most this many mixing modules traced back from the output (one backward pass each).
+MIXING_SIZES, MIXING_ROUNDS = (3, 5, 7, 11, 13), 6
 
 _LOSS_KINDS: dict[Any, str] = {
     nn.CrossEntropyLoss: "multiclass",
@@ -105,6 +106,7 @@ def preflight(
     BatchNorm statistics and every random generator are left as they were.
     """
     steps = OVERFIT_STEPS if steps is None else steps
+    lr = OVERFIT_LR if lr is None else lr
     if steps < 1:
         raise ValueError(f"preflight: steps={steps}; pass steps >= 1 (the overfitting check's budget)")
     loader = training_loader(data, "preflight")
@@ -118,7 +120,7 @@ def preflight(
         device = model_device(model)
         inputs, target = _split(map_tensors(lambda t: t.to(device), batches[0]))
         net = copy.deepcopy(model).train()
-        return _check(net, inputs, target, batches, loss_func, opt_func, lr or OVERFIT_LR, steps)
+        return _check(net, inputs, target, batches, loss_func, opt_func, lr, steps)
 
 
 def training_loader(data: Any, caller: str) -> Any:
@@ -165,6 +167,7 @@ def _check(
     lr: float,
     steps: int,
 ) -> list[Finding]:
+    """Every check on the copy ``net``: data and output first, then mixing, the loss, overfitting."""
     kind = _loss_kind(loss_func)
     probe = _probe(net, inputs)
     samples = [_split(b) for b in batches]
@@ -176,7 +179,9 @@ def _check(
         blocking = _labels(kind, loss_func, targets, out, probe) + _output(kind, out, target, probe)
     findings += blocking
     findings += _batch_mixing(net, inputs, target)
-    if kind is None or out is None or target is None or any(f.severity == "error" for f in blocking):
+    if kind is None or out is None or not isinstance(target, torch.Tensor):
+        return findings  # no loss this module knows, or no output/target tensor to compare
+    if any(f.severity == "error" for f in blocking):
         return findings  # the loss would fail or mean nothing: fix these first
     chance, _ = _chance_loss(kind, loss_func, out, target)
     with torch.no_grad():
@@ -454,10 +459,25 @@ def _mismatch(name: str, problem: str, evidence: dict[str, Any]) -> Finding:
 
 
 def _batch_mixing(net: nn.Module, inputs: tuple, target: Any) -> list[Finding]:
-    """Back-propagate from one sample's output and find the module where other samples get gradient."""
-    n = _mixing_size(inputs, target)
-    if n < 2:
+    """Back-propagate from one sample's output and find the module where other samples get gradient.
+
+    A culprit found with one probe batch size is confirmed with a second one when the batch allows: a
+    non-batch dimension (a sequence length made inside the model) that happens to equal the first size
+    cannot equal both.
+    """
+    sizes = _mixing_sizes(inputs, target)
+    culprits = _mixing_probe(net, inputs, target, sizes[0]) if sizes else []
+    if culprits and len(sizes) > 1:
+        confirmed = {c.name for c in _mixing_probe(net, inputs, target, sizes[1])}
+        culprits = [c for c in culprits if c.name in confirmed]
+    if not culprits:
         return []
+    first = min(culprits, key=lambda c: c.index)
+    return [_mixing_finding(first, culprits, sizes[0])]
+
+
+def _mixing_probe(net: nn.Module, inputs: tuple, target: Any, n: int) -> list[_Call]:
+    """The module calls that mix samples in a forward and backward of ``n`` samples."""
     probe_inputs = tuple(_probe_input(x, n, target) for x in inputs)
     calls: list[_Call] = []
     names = {id(m): name for name, m in net.named_modules()}
@@ -467,13 +487,8 @@ def _batch_mixing(net: nn.Module, inputs: tuple, target: Any) -> list[Finding]:
         out = first_tensor(net(*probe_inputs))
         if out is None or not out.requires_grad or out.dim() == 0 or out.shape[0] != n:
             return []
-        culprits = _mixing_culprits(
-            out, [c for c in calls if c.input is not None and c.output is not None], n
-        )
-    if not culprits:
-        return []
-    first = min(culprits, key=lambda c: c.index)
-    return [_mixing_finding(first, culprits, n)]
+        traced = [c for c in calls if c.input is not None and c.output is not None]
+        return _mixing_culprits(out, traced, n)
 
 
 @dataclass(eq=False)
@@ -512,7 +527,7 @@ def _mixing_culprits(out: torch.Tensor, calls: list[_Call], n: int) -> list[_Cal
     statistics (``track_running_stats=False``) mixes by design: it is passed over, not reported.
     """
     row, seed, culprits = n // 2, out, []
-    for _ in range(len(MIXING_SIZES) + 1):
+    for _ in range(MIXING_ROUNDS):
         tensors = [t for c in calls for t in (c.input, c.output)]
         grads = torch.autograd.grad(seed[row].sum(), tensors, allow_unused=True, retain_graph=True)
         rows = {id(t): _rows(g, n) for t, g in zip(tensors, grads, strict=True)}
@@ -708,14 +723,14 @@ def _smoothed_entropy(eps: float, classes: int) -> float:
     return -(high * math.log(high) + (classes - 1) * low * math.log(low))
 
 
-def _mixing_size(inputs: tuple, target: Any) -> int:
-    """A probe batch size no other dimension of the data has, so that only batch rows can have it."""
+def _mixing_sizes(inputs: tuple, target: Any) -> list[int]:
+    """Probe batch sizes no other dimension of the data has, so that only batch rows can have them (the
+    whole batch when it is smaller than all of them; none for a single sample)."""
     tensors = [t for t in (*inputs, target) if isinstance(t, torch.Tensor) and t.dim() > 0]
-    if not tensors:
-        return 0
-    available = min(len(t) for t in tensors)
+    available = min((len(t) for t in tensors), default=0)
     other = {d for t in tensors for d in t.shape[1:]}
-    return next((n for n in MIXING_SIZES if n <= available and n not in other), min(available, 2))
+    sizes = [n for n in MIXING_SIZES if n <= available and n not in other]
+    return sizes or ([available] if available >= 2 else [])
 
 
 def _probe_input(x: Any, n: int, target: Any) -> Any:
