@@ -62,8 +62,9 @@ class StopAfter(hs.Callback):
             raise hs.CancelFitException()
 
 
-def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, **doctor_kw):
-    """Fit ``model`` for at most ``steps`` steps with a quiet Doctor; returns the Learner."""
+def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, epochs=1, **doctor_kw):
+    """Fit ``model`` for at most ``epochs`` epochs and ``steps`` steps with a quiet Doctor; returns the
+    Learner."""
     doctor = hs.callbacks.Doctor(quiet=True, check_every=3, **doctor_kw)
     learn = hs.Learner(
         model,
@@ -74,7 +75,7 @@ def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.A
         cbs=[doctor],
         progress=False,
     )
-    learn.fit(1, cbs=[StopAfter(steps)])
+    learn.fit(epochs, cbs=[StopAfter(steps)])
     return learn
 
 
@@ -113,3 +114,47 @@ def digits_raw_pixels() -> tuple[torch.Tensor, torch.Tensor]:
     bunch = load_digits()
     x = torch.as_tensor(bunch.data, dtype=torch.float32) * 255 / 16
     return x.round(), torch.as_tensor(bunch.target)
+
+
+def optimizer_without(skipped: nn.Module, opt_func=torch.optim.AdamW):
+    """An ``opt_func`` that leaves the parameters of ``skipped`` out of the optimizer (a layer added to
+    the model after the optimizer was built)."""
+    left_out = {id(p) for p in skipped.parameters()}
+
+    def make(params, lr):
+        return opt_func([p for p in params if id(p) not in left_out], lr=lr)
+
+    return make
+
+
+def tiny_train_digits(n: int = 32) -> hs.DataLoaders:
+    """``n`` flattened training digits in one batch, and the whole validation split: a model memorises
+    them within a few epochs while the validation loss climbs."""
+    x, y, x_valid, y_valid = digits_tensors()
+    train = DataLoader(TensorDataset(x[:n].flatten(1), y[:n]), batch_size=n)
+    return hs.DataLoaders(train, DataLoader(TensorDataset(x_valid.flatten(1), y_valid), batch_size=512))
+
+
+def dead_mlp() -> nn.Sequential:
+    """A 3-layer MLP whose middle ReLU (``3``) is dead: the bias before it (``2``) is -10."""
+    model = mlp(depth=3)
+    with torch.no_grad():
+        model[2].bias.fill_(-10.0)
+    return model
+
+
+def exploding_mlp() -> nn.Sequential:
+    """An 8-layer MLP with every weight scaled 10x: the gradient grows layer after layer."""
+    model = mlp(depth=8)
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(10.0)
+    return model
+
+
+def frozen_mlp() -> nn.Sequential:
+    """A 3-layer MLP whose first layer (``0``) is frozen."""
+    model = mlp(depth=3)
+    model[0].requires_grad_(False)
+    return model

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from faults import Branches, LogAct, SqrtAbs, digits_flat, mlp
+from faults import Branches, LogAct, SqrtAbs, dead_mlp, digits_flat, exploding_mlp, frozen_mlp, mlp
 from loops import LOOPS
 from torch import nn
 
@@ -31,32 +31,10 @@ class Fault:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def exploding() -> nn.Module:
-    model = mlp(depth=8)
-    with torch.no_grad():
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                layer.weight.mul_(10.0)
-    return model
-
-
-def dead() -> nn.Module:
-    model = mlp(depth=3)
-    with torch.no_grad():
-        model[2].bias.fill_(-10.0)
-    return model
-
-
-def frozen() -> nn.Module:
-    model = mlp(depth=3)
-    model[0].requires_grad_(False)
-    return model
-
-
 CATALOGUE = {
-    "dead_units": Fault(dead, ("dead_units", "3")),
+    "dead_units": Fault(dead_mlp, ("dead_units", "3")),
     "vanishing": Fault(lambda: mlp(depth=12, width=32, act=nn.Sigmoid), ("vanishing_gradient", "0")),
-    "exploding": Fault(exploding, ("exploding_gradient", "7")),
+    "exploding": Fault(exploding_mlp, ("exploding_gradient", "7")),
     "saturation": Fault(
         lambda: nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
         ("saturation", "1"),
@@ -71,7 +49,7 @@ CATALOGUE = {
         data={"zero_row": 70},  # in the second batch
     ),
     "unused_branch": Fault(Branches, ("no_gradient", "unused")),
-    "frozen": Fault(frozen, ("frozen", "0"), steps=4),
+    "frozen": Fault(frozen_mlp, ("frozen", "0"), steps=4),
     "divergence": Fault(
         lambda: mlp(depth=3), ("loss_divergence", ""), steps=10, lr=10.0, opt_func=torch.optim.SGD
     ),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from fastai.basics import DataLoaders, Learner, OptimWrapper
 from fastai.callback.training import GradientAccumulation
-from faults import digits_flat, mlp
+from faults import dead_mlp, digits_flat
 from torch import nn
 
 from hookscope.integrations.fastai import HookscopeCallback
@@ -18,9 +18,7 @@ pytestmark = pytest.mark.usefixtures("deterministic")
 
 def test_gradient_accumulation_reads_gradients_once_per_optimizer_step() -> None:
     torch.manual_seed(0)
-    net = mlp(depth=3)
-    with torch.no_grad():
-        net[2].bias.fill_(-10.0)
+    net = dead_mlp()
     loader = digits_flat().train  # 23 batches of 64: 11 optimizer steps of 128 samples
     learn = Learner(
         DataLoaders(loader, loader),

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 import torch
-from faults import digits_flat, mlp
+from faults import dead_mlp, digits_flat
 from lightning.pytorch.loggers import CSVLogger
 from loops import LitClassifier, lightning_trainer
 
@@ -15,12 +15,9 @@ from hookscope.integrations.lightning import HookscopeCallback
 pytestmark = pytest.mark.usefixtures("deterministic")
 
 
-def dead_mlp() -> torch.nn.Module:
+def dead_net() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = mlp(depth=3)
-    with torch.no_grad():
-        model[2].bias.fill_(-10.0)
-    return model
+    return dead_mlp()
 
 
 def hooks_left(model: torch.nn.Module) -> int:
@@ -28,7 +25,7 @@ def hooks_left(model: torch.nn.Module) -> int:
 
 
 def test_bf16_with_accumulation_reads_gradients_once_per_optimizer_step_and_logs(tmp_path) -> None:
-    net = dead_mlp()
+    net = dead_net()
     callback = HookscopeCallback(quiet=True, check_every=3)
     trainer = lightning_trainer(
         6, callback, precision="bf16-mixed", accumulate_grad_batches=2, logger=CSVLogger(tmp_path)
@@ -50,7 +47,7 @@ def test_bf16_with_accumulation_reads_gradients_once_per_optimizer_step_and_logs
 
 
 def test_an_explicit_model_names_findings_from_there() -> None:
-    net = dead_mlp()
+    net = dead_net()
     lit = LitClassifier(net)
     callback = HookscopeCallback(model=lit, quiet=True, check_every=3)
     lightning_trainer(3, callback).fit(lit, digits_flat().train)
@@ -58,7 +55,7 @@ def test_an_explicit_model_names_findings_from_there() -> None:
 
 
 def test_a_second_fit_watches_again_with_one_set_of_hooks() -> None:
-    net = dead_mlp()
+    net = dead_net()
     callback = HookscopeCallback(quiet=True, check_every=3)
     for _ in range(2):
         lightning_trainer(3, callback).fit(LitClassifier(net), digits_flat().train)
