@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 import torch
@@ -60,3 +61,11 @@ def test_a_second_fit_watches_again_with_one_set_of_hooks() -> None:
     for _ in range(2):
         lightning_trainer(3, callback).fit(LitClassifier(net), digits_flat().train)
         assert callback.watch.step == 3 and hooks_left(net) == 0
+
+
+def test_report_writes_the_run_folder_of_the_fit(tmp_path) -> None:
+    callback = HookscopeCallback(quiet=True, check_every=3, report=tmp_path / "run")
+    lightning_trainer(3, callback).fit(LitClassifier(dead_net()), digits_flat().train)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["status"], config["steps"]) == ("complete", 3)
+    assert "layer `3` — 100% of units dead" in (tmp_path / "run" / "report.html").read_text()
