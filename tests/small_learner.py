@@ -21,3 +21,16 @@ def tiny_learner(cbs=(), seed=0, in_memory=True, generator=None):
 
 def weights(learn):
     return [p.detach().clone() for p in learn.model.parameters()]
+
+
+class StopAtStep(hs.Callback):
+    """Ends the fit after optimizer step ``step``, once a Checkpoint (order 90) has saved that batch."""
+
+    order = 95
+
+    def __init__(self, step):
+        self.step = step
+
+    def after_batch(self):
+        if self.learn.training and self.learn.training_step == self.step:
+            raise hs.CancelFitException()

@@ -234,3 +234,24 @@ def test_a_phase_cancelled_before_the_recorder_sees_it_is_nan_not_the_other_phas
     row = learn.recorder.history[1]
     assert all(math.isnan(row[key]) for key in skipped)
     assert not math.isnan(row[kept])
+
+
+class RecordsBatchIndex(hs.Callback):
+    """Records ``iter`` of every training batch, and its square while validating in the first epoch."""
+
+    def after_batch(self):
+        learn = self.learn
+        if learn.training:
+            learn.recorder.record(index=torch.tensor(float(learn.iter)))
+        elif learn.epoch == 0:
+            learn.recorder.record(square=float(learn.iter) ** 2)
+
+
+def test_record_adds_a_callbacks_values_to_the_history_as_batch_size_weighted_means():
+    learn = _learner(n=20, batch_size=8, cbs=[RecordsBatchIndex()])  # batches of 8, 8, 4; valid 4, 4, 2
+    learn.fit(2)
+    first, second = learn.recorder.history
+    assert first["index"] == second["index"] == pytest.approx((8 * 0 + 8 * 1 + 4 * 2) / 20)
+    assert first["valid_square"] == pytest.approx((4 * 0 + 4 * 1 + 2 * 4) / 10)
+    assert math.isnan(second["valid_square"])  # nothing recorded under that name in epoch 1
+    assert list(second) == ["epoch", "train_loss", "valid_loss", "index", "valid_square", "time"]

@@ -28,8 +28,9 @@ _CHUNK = 1024  # per-step losses are stacked into one tensor every _CHUNK steps 
 class Recorder(Callback):
     """Keeps ``history`` (one dict per epoch), ``losses`` / ``lrs`` per training step, and ``smooth_loss``.
 
-    A history row is ``{"epoch", "train_loss", "valid_loss", <metric name>..., "time"}``; a value that was
-    not measured (no validation data, a cancelled phase) is ``nan``. The Recorder runs first at every
+    A history row is ``{"epoch", "train_loss", "valid_loss", <metric>..., <recorded>..., "time"}``; a
+    value that was not measured (no validation data, a cancelled phase) is ``nan``. Callbacks add their own
+    per-batch values (a GAN's discriminator loss, say) with :meth:`record`. The Recorder runs first at every
     event (``order=-20``) so other callbacks' ``after_epoch`` see the current epoch's row.
     """
 
@@ -70,6 +71,25 @@ class Recorder(Callback):
         """History keys of the learner's metrics, in order."""
         return [metric_name(m) for m in self.learn.metrics]
 
+    # ---- recording a callback's values ---------------------------------------------------------------
+
+    def record(self, **values: torch.Tensor | float) -> None:
+        """Record named values of the current batch beside its loss, e.g. ``record(D_loss=loss.detach())``.
+
+        Each history row gets their batch-size weighted mean over the epoch's training batches as
+        ``<name>`` (over validation batches as ``valid_<name>``; ``nan`` in an epoch that recorded none).
+        Tensors stay on their device: they are read in the epoch's one transfer, never per batch.
+        """
+        learn = self.learn
+        size = _batch_size(learn.yb[0] if learn.yb else learn.xb[0])
+        for name, value in values.items():
+            key = name if learn.training else f"valid_{name}"
+            if key not in self._value_keys:
+                self._value_keys.append(key)
+            tensors, sizes = self._values.setdefault(key, ([], []))
+            tensors.append(torch.as_tensor(value, device=learn.device).detach().float().mean())
+            sizes.append(size)
+
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
@@ -96,6 +116,12 @@ class Recorder(Callback):
             losses, sizes = [], []
         self._phase_losses = list(torch.tensor(losses, device=self.learn.device).unbind())
         self._phase_sizes = sizes
+        carried, self._carried_values = self._carried_values, {}
+        if self.learn.train_iter:  # resumed mid-epoch: the values recorded before the save count too
+            self._values = {
+                key: (list(torch.tensor(v["values"], device=self.learn.device).unbind()), list(v["sizes"]))
+                for key, v in carried.items()
+            }
 
     def before_validate(self) -> None:
         self._phase_losses, self._phase_sizes = [], []
@@ -140,9 +166,10 @@ class Recorder(Callback):
         self.learn.valid_record = dict(self._valid)
 
     def after_epoch(self) -> None:
-        names = ["train_loss", *self._valid]
+        recorded = {key: self._weighted_mean(*self._values.get(key, ([], []))) for key in self._value_keys}
+        names = ["train_loss", *self._valid, *recorded]
         device = self._valid["valid_loss"].device
-        tensors = [self._train_loss, *self._valid.values()]
+        tensors = [self._train_loss, *self._valid.values(), *recorded.values()]
         values = torch.stack([t.to(device) for t in tensors]).tolist()
         row: dict[str, Any] = {"epoch": self.learn.epoch, **dict(zip(names, values, strict=True))}
         row["time"] = time.perf_counter() - self._epoch_start
@@ -168,6 +195,8 @@ class Recorder(Callback):
             "epoch_losses": losses,
             "epoch_sizes": sizes,
             "epoch_ranks": len(ranks),
+            "value_keys": list(self._value_keys),
+            "epoch_values": self._epoch_values() if mid_train else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -180,6 +209,10 @@ class Recorder(Callback):
         self._ema = torch.tensor(state["smooth"]["ema"])
         self._ema_count = state["smooth"]["count"]
         self._carried = _own_share(state)
+        self._value_keys = list(state.get("value_keys", []))  # absent from checkpoints older than record()
+        self._carried_values = dict(state.get("epoch_values", {}))
+        if not distributed.is_rank_zero():  # as for the losses: rank 0 carries every rank's values
+            self._carried_values = {}
         self._keep_on_next_fit = True
 
     # ---- helpers -------------------------------------------------------------------------------------
@@ -197,9 +230,27 @@ class Recorder(Callback):
         self._metric_values: list[list[torch.Tensor]] = []
         self._valid: dict[str, torch.Tensor] = {}
         self._carried: tuple[list[float], list[int]] = ([], [])  # a resumed epoch's batches before the save
+        self._value_keys: list[str] = []  # names given to record(), in order of first use
+        self._values: dict[str, tuple[list[torch.Tensor], list[int]]] = {}  # this epoch's, per name
+        self._carried_values: dict[str, Any] = {}  # a resumed epoch's recorded values before the save
+
+    def _epoch_values(self) -> dict[str, dict[str, list[Any]]]:
+        """This epoch's :meth:`record`-ed values so far, per name (every rank's, gathered, under torchrun)."""
+        mine = {
+            key: {"values": torch.stack(tensors).tolist(), "sizes": list(sizes)}
+            for key, (tensors, sizes) in self._values.items()
+        }
+        merged: dict[str, dict[str, list[Any]]] = {}
+        for rank_values in distributed.all_gather(mine):
+            for key, entry in rank_values.items():
+                into = merged.setdefault(key, {"values": [], "sizes": []})
+                into["values"] += entry["values"]
+                into["sizes"] += entry["sizes"]
+        return merged
 
     def _start_epoch(self) -> None:
         self._epoch_start = time.perf_counter()
+        self._values = {}
         self._train_loss = torch.tensor(math.nan)
         self._valid = self._unmeasured_valid()
 

@@ -105,6 +105,8 @@ class Learner:
         self._fast_sources: dict[int, TensorBatches] = {}
         self.epoch_rng: dict[str, Any] | None = None  # RNGs at this epoch's start, for mid-epoch resume
         self._resume: checkpoint.Resume | None = None
+        # saved states of objects callbacks build during fit, given to them before the first batch
+        self.pending_objects: list[checkpoint.PendingObject] = []
         cbs = as_callbacks(cbs)
         defaults = _default_callbacks(progress)
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)

@@ -7,6 +7,7 @@ One module per job:
 - ``rng.py``: capturing and restoring every RNG (python, numpy, torch, CUDA, DataLoader generators).
 - ``weights.py``: the model inside a DDP wrapper, and whether a saved ``state_dict`` fits a model.
 - ``export.py``: a model's weights as a safetensors file.
+- ``callback_state.py``: what callbacks own — their ``state_dict``, with the optimizers and modules in it.
 - ``learner_state.py``: save and load a Learner — model, pending gradients, optimizer, callbacks, RNGs,
   loop position.
 - ``resume.py``: ``fit(resume=...)`` — finding the file, applying it at the right moments of the loop,
@@ -16,6 +17,7 @@ Every name is re-exported here, so ``from hookscope.train import checkpoint`` th
 reaches all of them.
 """
 
+from hookscope.train.checkpoint.callback_state import PendingObject, load_pending_objects
 from hookscope.train.checkpoint.export import export_safetensors
 from hookscope.train.checkpoint.file import (
     FORMAT,
@@ -42,6 +44,7 @@ __all__ = [
     "FORMAT",
     "VERSION",
     "CheckpointError",
+    "PendingObject",
     "Position",
     "Resume",
     "capture_rng",
@@ -55,6 +58,7 @@ __all__ = [
     "load_learner",
     "load_model_and_callbacks",
     "load_optimizer",
+    "load_pending_objects",
     "loader_generators",
     "restore_rng",
     "rng_generators",

@@ -8,7 +8,6 @@ before anything is changed, so a refused load leaves the Learner as it was.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,13 @@ import torch
 from torch import nn
 
 from hookscope.train import distributed
-from hookscope.train.callback import flatten
-from hookscope.train.checkpoint.file import CheckpointError, check_plain, load_checkpoint, write_checkpoint
+from hookscope.train.checkpoint.callback_state import (
+    check_callback_states,
+    check_param_groups,
+    load_callback_states,
+    save_callback_states,
+)
+from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint, write_checkpoint
 from hookscope.train.checkpoint.rng import capture_rng, rank_states, rng_generators
 from hookscope.train.checkpoint.weights import check_model_state, unwrap
 
@@ -52,18 +56,20 @@ def current_position(learn: Learner) -> Position:
 def save_learner(learn: Learner, path: str | os.PathLike[str], position: Position | None = None) -> Path:
     """Write the full state of ``learn`` to ``path`` atomically: model, pending gradients (mid
     accumulation), optimizer, every callback's ``state_dict`` (recorder history, schedulers, grad scaler,
-    ...), every RNG, and the loop position.
+    the optimizers and modules a callback owns, ...), every RNG, and the loop position. An optimizer that
+    a callback owns and swapped in as ``learn.opt`` is stored once, in that callback's state.
 
     Under torchrun every rank calls this together (callback states and RNGs are gathered), rank 0 writes
     the file, and the others wait at a barrier until it is written."""
     position = position or current_position(learn)
-    opt = learn.opt
+    callbacks = save_callback_states(learn)
+    opt = learn.opt if callbacks["optimizer_owner"] is None else None
     state = {
         "model": unwrap(learn.model).state_dict(),
         "grads": _grads(learn.model),
         "optimizer": opt.state_dict() if opt is not None else None,
         "optimizer_type": type(opt).__name__ if opt is not None else None,
-        "callbacks": _callback_states(learn),
+        **callbacks,
         "position": {
             "epoch": position.epoch,
             "iter": position.iter,
@@ -98,7 +104,7 @@ def load_model_and_callbacks(learn: Learner, state: Mapping[str, Any], source: s
     _check_fits(learn, state, source)
     unwrap(learn.model).load_state_dict(state["model"])
     _load_grads(learn.model, state["grads"])
-    _load_callback_states(learn, state["callbacks"], source)
+    load_callback_states(learn, state["callbacks"], source)
 
 
 def load_optimizer(learn: Learner, state: Mapping[str, Any]) -> None:
@@ -118,8 +124,10 @@ def _load_grads(model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
 
 
 def _check_fits(learn: Learner, state: Mapping[str, Any], source: str) -> None:
-    """Refuse, before anything is changed, a checkpoint whose model or optimizer does not fit ``learn``."""
+    """Refuse, before anything is changed, a checkpoint whose model, optimizer or callbacks do not fit
+    ``learn``."""
     check_model_state(unwrap(learn.model), state["model"], source)
+    check_callback_states(learn, state, source)
     if state["optimizer"] is None:
         return
     if learn.opt is None:
@@ -130,46 +138,11 @@ def _check_fits(learn: Learner, state: Mapping[str, Any], source: str) -> None:
             f"{source} holds {saved} optimizer state but this Learner uses {own}; "
             f"pass opt_func={saved} (or load only the weights with learn.model.load_state_dict)"
         )
-    saved_groups = [len(group["params"]) for group in state["optimizer"]["param_groups"]]
-    own_groups = [len(group["params"]) for group in learn.opt.param_groups]
-    if saved_groups != own_groups:
-        raise CheckpointError(
-            f"{source}: parameter groups of {saved_groups} parameters in the file vs {own_groups} in this "
-            "optimizer; build the optimizer with the same parameter groups as the saved run"
-        )
+    check_param_groups(state["optimizer"], learn.opt, source, _SWAPPED_OPT_HINT)
 
 
-def _callback_states(learn: Learner) -> dict[str, Any]:
-    states: dict[str, Any] = {}
-    for key, cb in _keyed_callbacks(learn):
-        state = cb.state_dict()
-        check_plain(state, f"{type(cb).__name__}.state_dict()")
-        if state:
-            states[key] = state
-    return states
-
-
-def _load_callback_states(learn: Learner, states: Mapping[str, Any], source: str) -> None:
-    callbacks = dict(_keyed_callbacks(learn))
-    absent = [key for key in states if key not in callbacks]
-    if absent:
-        warnings.warn(
-            f"{source} holds state for callbacks {absent} that this Learner does not have; "
-            "that state is ignored, so the resumed run can differ from the original",
-            stacklevel=5,  # the user's learn.load(...) or learn.fit(..., resume=...)
-        )
-    for key, state in states.items():
-        if key in callbacks:
-            callbacks[key].load_state_dict(state)
-
-
-def _keyed_callbacks(learn: Learner) -> list[tuple[str, Any]]:
-    """Callbacks, the parts of composite ones included, keyed by ``cb.name``; a repeated name gets
-    ``.1``, ``.2`` ... in the order of ``flatten(learn.cbs)``."""
-    keyed: list[tuple[str, Any]] = []
-    seen: dict[str, int] = {}
-    for cb in flatten(learn.cbs):
-        count = seen.get(cb.name, 0)
-        seen[cb.name] = count + 1
-        keyed.append((cb.name if count == 0 else f"{cb.name}.{count}", cb))
-    return keyed
+# A run whose callback swapped learn.opt for its own optimizer, saved before that callback said so.
+_SWAPPED_OPT_HINT = (
+    " (a callback that swaps learn.opt for its own optimizer returns it from state_dict(), e.g. "
+    "{'opt': self.opt}, so the checkpoint stores and restores it there)"
+)

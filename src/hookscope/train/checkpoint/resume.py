@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookscope.train import distributed
 from hookscope.train.callback import flatten
+from hookscope.train.checkpoint.callback_state import load_pending_objects
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
 from hookscope.train.checkpoint.rng import capture_rng, restore_rng, rng_generators
@@ -86,8 +87,10 @@ def train_batches(
     draws the shuffle, so a mid-epoch checkpoint can replay it. On a mid-epoch resume: restore that
     epoch-start state, make the iterator, skip the batches already done (fetched, not computed — so
     workers and random transforms advance exactly as in the original run), then restore the RNGs of the
-    moment of the save.
+    moment of the save. First, the objects callbacks built in ``before_fit`` / ``before_train`` get the
+    states a load kept for them (see ``callback_state.py``).
     """
+    load_pending_objects(learn)
     generators = rng_generators(learn)
     if resume is None or not resume.mid_epoch_pending:
         learn.epoch_rng = capture_rng(generators)
