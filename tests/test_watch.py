@@ -293,3 +293,13 @@ def test_the_readme_plain_loop_runs_as_written(capsys):
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "dead_units 2"
     assert "Doctor [warning] dead_units: layer `2` — 100% of units dead since step 0" in err
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # a pure layout
+def test_a_compiled_model_is_watched_under_its_own_names():
+    model = _dead()
+    compiled = torch.compile(model, backend="eager")  # dynamo runs the hooks; no inductor build in a test
+    w = _plain_loop(compiled, steps=6)
+    assert [(f.kind, f.module, f.step) for f in w.findings] == [("dead_units", "3", 0)]
+    assert set(w.activations) == {"0", "1", "2", "3", "4"}
+    assert _hook_count(model) == 0

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import compat
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.guard import NonFiniteCheck
@@ -102,6 +103,8 @@ class Watch:
         report: str | Path | None = None,
     ) -> None:
         _refuse_bad_arguments(model, optimizer, doctor, stats)
+        # A torch.compile'd model: hook the user's module, so names read as in their code (no _orig_mod.)
+        model = compat.uncompiled(model)
         if model in _OPEN:
             raise RuntimeError(
                 f"hs.watch: this {type(model).__name__} is already watched by an open Watch; close that one "
