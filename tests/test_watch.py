@@ -303,3 +303,15 @@ def test_a_compiled_model_is_watched_under_its_own_names():
     assert [(f.kind, f.module, f.step) for f in w.findings] == [("dead_units", "3", 0)]
     assert set(w.activations) == {"0", "1", "2", "3", "4"}
     assert _hook_count(model) == 0
+
+
+def test_a_guard_stop_still_writes_the_report_saying_where_it_stopped(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
+    with pytest.raises(hs.NonFiniteError):
+        _plain_loop(model, guard=True, report=tmp_path / "run")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["status"], config["steps"]) == ("stopped", 0)
+    assert config["error"].startswith("NonFiniteError: hs.watch stopped optimizer step 0")
+    findings = json.loads((tmp_path / "run" / "findings.json").read_text())
+    assert [(f["kind"], f["module"]) for f in findings] == [("nonfinite", "1")]
