@@ -12,7 +12,6 @@ torchrun itself: python benchmarks/ddp_overhead.py [--quick] [--rounds N] [--clo
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import subprocess
 import sys
@@ -24,104 +23,40 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loop_overhead
 from common import CLOCKS, benchmark_args, format_table, median, optional_import, run_alternating
-from loop_overhead import BATCH, LR, HookscopeClock, StepClock, mlp
-
-import hookscope as hs
+from loop_overhead import BATCH, LR, StepClock, hookscope, lightning_variant, mlp
 
 WORLD = 2
 
 
-class Setup:
-    """The data of every variant: enough shuffled samples for WARMUP + STEPS batches on each rank."""
+class Setup(loop_overhead.Setup):
+    """loop_overhead's MLP setup with enough shuffled samples for WARMUP + STEPS batches on each rank."""
 
     def __init__(self, warmup: int, steps: int, clock_name: str) -> None:
-        self.warmup, self.steps, self.clock = warmup, steps, CLOCKS[clock_name]
-        n = (warmup + steps) * BATCH * WORLD
-        generator = torch.Generator().manual_seed(0)
-        self.dataset = TensorDataset(torch.randn(n, 32, generator=generator), torch.randint(0, 10, (n,)))
-
-    def loader(self) -> DataLoader:
-        return DataLoader(self.dataset, batch_size=BATCH, shuffle=True)
-
-    def model(self) -> nn.Module:
-        torch.manual_seed(0)
-        return mlp()
+        super().__init__(mlp, (32,), warmup * WORLD, steps * WORLD, CLOCKS[clock_name])
+        self.warmup, self.steps = warmup, steps  # per rank: what StepClock marks
 
 
 def hand_written(setup: Setup) -> float:
     """The DDP loop as the PyTorch tutorial writes it."""
-    model = DistributedDataParallel(setup.model())
+    model, _ = setup.model_and_opt()
+    model = DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    sampler = DistributedSampler(setup.dataset, shuffle=True, seed=0)
+    dataset = setup.loader().dataset
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     sampler.set_epoch(0)
     loss_func, clock = nn.CrossEntropyLoss(), StepClock(setup)
-    for i, (x, y) in enumerate(DataLoader(setup.dataset, batch_size=BATCH, sampler=sampler)):
+    for i, (x, y) in enumerate(DataLoader(dataset, batch_size=BATCH, sampler=sampler)):
         loss = loss_func(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         clock.step_done(i)
-    return clock.seconds
-
-
-def learner(setup: Setup, in_memory: bool) -> float:
-    """The same user code as in one process: the Learner wraps and shards under torchrun."""
-    clock = StepClock(setup)
-    learn = hs.Learner(
-        setup.model(),
-        hs.DataLoaders(setup.loader(), in_memory=in_memory),
-        nn.CrossEntropyLoss(),
-        opt_func=torch.optim.SGD,
-        lr=LR,
-        cbs=[HookscopeClock(clock)],
-        progress=False,
-    )
-    learn.fit(1)
-    return clock.seconds
-
-
-def lightning_variant(setup: Setup) -> float:
-    import lightning as L
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no GPU/TPU banners between rows
-    clock = StepClock(setup)
-    model = setup.model()
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model, self.loss_func = model, nn.CrossEntropyLoss()
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return self.loss_func(self.model(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=LR)
-
-    class Clock(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            clock.step_done(batch_idx)
-
-    trainer = L.Trainer(
-        max_epochs=1,
-        strategy="ddp",
-        accelerator="cpu",
-        devices=WORLD,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[Clock()],
-    )
-    trainer.fit(Module(), train_dataloaders=setup.loader())
     return clock.seconds
 
 
@@ -140,15 +75,16 @@ def worker(args: SimpleNamespace) -> None:
     setup = Setup(warmup, steps, args.clock)
     variants = {
         "hand-written DDP, DataLoader": functools.partial(hand_written, setup),
-        "hookscope Learner (in_memory=False)": functools.partial(learner, setup, False),
-        "hookscope Learner (in-memory fast path)": functools.partial(learner, setup, True),
+        "hookscope Learner (in_memory=False)": functools.partial(hookscope, setup, in_memory=False),
+        "hookscope Learner (in-memory fast path)": functools.partial(hookscope, setup, in_memory=True),
     }
     skipped: dict[str, str] = {}
     found, reason = optional_import("lightning")
     if found is None:
         skipped["Lightning Trainer(strategy='ddp')"] = reason
     else:
-        variants["Lightning Trainer(strategy='ddp')"] = functools.partial(lightning_variant, setup)
+        lightning = functools.partial(lightning_variant, setup, strategy="ddp", devices=WORLD)
+        variants["Lightning Trainer(strategy='ddp')"] = lightning
     times = run_alternating(
         {name: functools.partial(on_every_rank, v) for name, v in variants.items()}, rounds
     )

@@ -171,7 +171,8 @@ def fastai_variant(setup: Setup) -> float:
     return clock.seconds
 
 
-def lightning_variant(setup: Setup) -> float:
+def lightning_variant(setup: Setup, strategy: str = "auto", devices: int = 1) -> float:
+    """Lightning's Trainer on one device (``strategy="ddp", devices=2`` under torchrun: ddp_overhead.py)."""
     import lightning as L
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no GPU/TPU banners between rows
@@ -197,7 +198,8 @@ def lightning_variant(setup: Setup) -> float:
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="cpu",
-        devices=1,
+        strategy=strategy,
+        devices=devices,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
