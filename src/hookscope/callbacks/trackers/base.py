@@ -234,7 +234,7 @@ class Tracker(Callback, ABC):
             folder.trackers[self.label] = {"path": self.location, "open": self.how_to_open(self.location)}
         if continuing:
             return  # the run already holds its configuration, summary and data description
-        options = dict(folder.config) if folder is not None else {}
+        options = {"options": dict(folder.config)} if folder is not None and folder.config else {}
         self.write_config(learner_config(learn, {**options, **self.config}))
         self.write_summary(str(learn.summary()))
         if self.log_dataset:
