@@ -153,19 +153,19 @@ def set_mask(module: nn.Module, name: str, mask: torch.Tensor) -> None:
         torch_prune.custom_from_mask(module, name, mask)
         return
     getattr(module, f"{name}_mask").copy_(mask)
-    # the pre-hook recomputes the weight at the next forward; refresh it now for readers before then
-    setattr(module, name, getattr(module, f"{name}_orig") * getattr(module, f"{name}_mask"))
+    _recompute(module, name)  # the pre-hook would only at the next forward; readers may look before
 
 
 def refresh_masked(model: nn.Module) -> None:
     """Recompute every masked tensor from its ``_orig`` parameter (after those were overwritten)."""
     for module in model.modules():
         for tensor_name in masked_names(module):
-            setattr(
-                module,
-                tensor_name,
-                getattr(module, f"{tensor_name}_orig") * getattr(module, f"{tensor_name}_mask"),
-            )
+            _recompute(module, tensor_name)
+
+
+def _recompute(module: nn.Module, name: str) -> None:
+    """``module.<name> = <name>_orig * <name>_mask``, what the pruning pre-hook does at each forward."""
+    setattr(module, name, getattr(module, f"{name}_orig") * getattr(module, f"{name}_mask"))
 
 
 def is_masked(module: nn.Module, name: str) -> bool:
