@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from faults import Branches, LogAct, SqrtAbs, digits_flat, kinds, mlp, train_with_doctor
+from faults import (
+    Branches,
+    LogAct,
+    SqrtAbs,
+    dead_mlp,
+    digits_flat,
+    exploding_mlp,
+    frozen_mlp,
+    kinds,
+    mlp,
+    train_with_doctor,
+)
 from torch import nn
 
 import hookscope as hs
@@ -38,34 +49,12 @@ def _watch_kinds(w):
     return found
 
 
-def _dead():
-    model = mlp(depth=3)
-    with torch.no_grad():
-        model[2].bias.fill_(-10.0)
-    return model
-
-
-def _exploding():
-    model = mlp(depth=8)
-    with torch.no_grad():
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                layer.weight.mul_(10.0)
-    return model
-
-
-def _frozen():
-    model = mlp(depth=3)
-    model[0].requires_grad_(False)
-    return model
-
-
 FAULTS = {
-    "dead_units": (_dead, {}),
-    "exploding_gradient": (_exploding, {}),
+    "dead_units": (dead_mlp, {}),
+    "exploding_gradient": (exploding_mlp, {}),
     "vanishing_gradient": (lambda: mlp(depth=12, width=32, act=nn.Sigmoid), {}),
     "no_gradient": (Branches, {}),
-    "frozen": (_frozen, {}),
+    "frozen": (frozen_mlp, {}),
     "loss_divergence": (lambda: mlp(depth=3), {"lr": 10.0, "opt_func": torch.optim.SGD}),
     "saturation": (
         lambda: nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10)),
@@ -187,7 +176,7 @@ def test_grad_scaler_gradients_are_read_unscaled_and_a_skipped_step_is_not_count
 
 def test_without_an_optimizer_the_caller_marks_the_steps():
     torch.manual_seed(0)
-    model = _dead()
+    model = dead_mlp()
     opt = torch.optim.AdamW(model.parameters())
     with hs.watch(model, quiet=True, check_every=3) as w:
         for i, (x, y) in enumerate(digits_flat().train):
@@ -267,7 +256,7 @@ def test_bad_arguments_are_refused_in_one_line():
 def test_report_writes_the_run_folder_and_report(tmp_path):
     torch.manual_seed(0)
     out = tmp_path / "run"
-    w = _plain_loop(_dead(), steps=6, report=out)
+    w = _plain_loop(dead_mlp(), steps=6, report=out)
     config = json.loads((out / "config.json").read_text())
     assert (config["source"], config["status"], config["steps"]) == ("hs.watch", "complete", 6)
     findings = json.loads((out / "findings.json").read_text())
@@ -297,7 +286,7 @@ def test_the_readme_plain_loop_runs_as_written(capsys):
 
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # a pure layout
 def test_a_compiled_model_is_watched_under_its_own_names():
-    model = _dead()
+    model = dead_mlp()
     compiled = torch.compile(model, backend="eager")  # dynamo runs the hooks; no inductor build in a test
     w = _plain_loop(compiled, steps=6)
     assert [(f.kind, f.module, f.step) for f in w.findings] == [("dead_units", "3", 0)]
