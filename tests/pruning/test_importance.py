@@ -71,3 +71,11 @@ def test_unstructured_taylor_is_weight_times_its_gradient() -> None:
         F.cross_entropy(model(x), y).backward()
     weight = model.head[2].weight
     torch.testing.assert_close(scores["head.2"], (weight * weight.grad).abs().detach())
+
+
+def test_taylor_under_no_grad_still_takes_the_gradient() -> None:
+    model, data = model_and_data()
+    expected = importance(model, "head.2", "taylor", structured=True, data=data, loss_func=F.cross_entropy)
+    with torch.no_grad():
+        scores = importance(model, "head.2", "taylor", structured=True, data=data, loss_func=F.cross_entropy)
+    torch.testing.assert_close(scores["head.2"], expected["head.2"])

@@ -200,7 +200,7 @@ def _taylor_scores(
         hooks.tensor(tensor, on_grad)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    with HookSet() as hooks, evaluating(model):
+    with HookSet() as hooks, evaluating(model), torch.enable_grad():  # also when called under no_grad
         _on_units(hooks, modules, kind, watch)
         for inputs, targets in batches:
             loss = _loss(model, inputs, targets, loss_func)
@@ -229,7 +229,7 @@ def _weight_grads(
 ) -> dict[str, torch.Tensor]:
     """``dL/dw`` of each module's effective weight, summed over ``batches`` (``.grad`` left untouched)."""
     totals: dict[str, torch.Tensor] = {n: torch.zeros_like(_weight(m, name)) for n, m in modules}
-    with evaluating(model):
+    with evaluating(model), torch.enable_grad():
         for inputs, targets in batches:
             # a masked weight is recomputed in the forward pre-hook, so it is read after the forward
             loss = _loss(model, inputs, targets, loss_func)
