@@ -62,9 +62,11 @@ class StopAfter(hs.Callback):
             raise hs.CancelFitException()
 
 
-def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, epochs=1, **doctor_kw):
-    """Fit ``model`` for at most ``epochs`` epochs and ``steps`` steps with a quiet Doctor; returns the
-    Learner."""
+def train_with_doctor(
+    model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.AdamW, epochs=1, cbs=(), **doctor_kw
+):
+    """Fit ``model`` for at most ``epochs`` epochs and ``steps`` steps with a quiet Doctor (and ``cbs``);
+    returns the Learner."""
     doctor = hs.callbacks.Doctor(quiet=True, check_every=3, **doctor_kw)
     learn = hs.Learner(
         model,
@@ -75,7 +77,7 @@ def train_with_doctor(model, dls=None, steps=12, lr=1e-3, opt_func=torch.optim.A
         cbs=[doctor],
         progress=False,
     )
-    learn.fit(epochs, cbs=[StopAfter(steps)])
+    learn.fit(epochs, cbs=[StopAfter(steps), *cbs])
     return learn
 
 

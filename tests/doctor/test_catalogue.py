@@ -1,7 +1,19 @@
 """The fault catalogue: each injected fault is found within a few steps and names the right layer."""
 
+from functools import partial
+
 import torch
-from faults import Branches, LogAct, SqrtAbs, digits_flat, kinds, mlp, train_with_doctor
+from faults import (
+    Branches,
+    LogAct,
+    SqrtAbs,
+    digits_flat,
+    kinds,
+    mlp,
+    optimizer_without,
+    tiny_train_digits,
+    train_with_doctor,
+)
 from torch import nn
 
 
@@ -110,3 +122,55 @@ def test_frozen_parameters_are_reported_once_as_information():
     learn = train_with_doctor(model, steps=4)
     (finding,) = kinds(learn)["frozen"]
     assert finding.severity == "info" and finding.evidence["modules"] == {"0": 64 * 64 + 64}
+
+
+def test_a_layer_missing_from_the_optimizer_is_not_updated_and_named():
+    torch.manual_seed(0)
+    model = mlp(depth=3)
+    learn = train_with_doctor(model, opt_func=optimizer_without(model[2]), steps=6)
+    (finding,) = kinds(learn)["not_updated"]
+    assert (finding.module, finding.step) == ("2", 0)
+    assert finding.evidence["parameters"] == ["2.weight", "2.bias"]
+    assert "not in the optimizer" in finding.message
+    assert "update_ratio" not in kinds(learn)  # a ratio of exactly 0 is not "too small"
+
+
+def test_a_learning_rate_50x_too_high_oscillates_without_diverging():
+    torch.manual_seed(0)  # SGD with momentum trains this MLP well at lr 0.01
+    sgd = partial(torch.optim.SGD, momentum=0.9)
+    learn = train_with_doctor(mlp(depth=3), lr=0.5, opt_func=sgd, epochs=3, steps=60)
+    (finding,) = kinds(learn)["oscillating_loss"]
+    assert finding.evidence["recent"] > 0.9 * finding.evidence["start"]
+    assert finding.evidence["spread"] > 0.5
+    assert "lower the learning rate" in finding.message
+    assert "loss_divergence" not in kinds(learn) and "plateau" not in kinds(learn)
+
+
+def test_a_learning_rate_far_too_low_is_a_plateau_that_never_started():
+    torch.manual_seed(0)
+    learn = train_with_doctor(mlp(depth=3), lr=1e-6, epochs=3, steps=60)
+    (finding,) = kinds(learn)["plateau"]
+    assert "never started to fall" in finding.message
+    assert finding.evidence["spread"] < 0.5 and finding.evidence["recent"] > 0.95 * finding.evidence["start"]
+    assert "oscillating_loss" not in kinds(learn)
+
+
+def test_a_dead_network_is_a_plateau_as_well_as_dead_units():
+    torch.manual_seed(0)
+    model = mlp(depth=3)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    learn = train_with_doctor(model, epochs=3, steps=60)
+    assert kinds(learn)["dead_units"][0].module == "1"
+    assert "plateau" in kinds(learn)
+
+
+def test_overfitting_a_tiny_training_set_names_the_best_epoch():
+    torch.manual_seed(0)
+    learn = train_with_doctor(mlp(depth=3, width=256), tiny_train_digits(32), lr=1e-2, epochs=8)
+    (finding,) = kinds(learn)["overfitting"]
+    history = learn.recorder.history
+    best = min(range(len(history)), key=lambda i: history[i]["valid_loss"])
+    assert finding.evidence["best_epoch"] == best and finding.step == best + 1  # one step per epoch
+    assert finding.evidence["valid_losses"][-1] > 1.1 * history[best]["valid_loss"]
+    assert "EarlyStopping" in finding.message

@@ -42,13 +42,16 @@ from hookscope.train.learner import Learner
 
 class Doctor(Callback):
     """Diagnoses a run: dead units, saturation, exploding/vanishing gradients, missing gradients,
-    frozen parameters, update ratios, loss divergence and NaN/Inf (with the blamed module and op).
+    frozen or never-updated parameters, update ratios, loss divergence, oscillation and plateaus,
+    overfitting and NaN/Inf (with the blamed module and op).
 
-    ``select`` picks the layers watched (None: every leaf module); statistics are taken every ``every``
-    training steps and the rules run every ``check_every`` steps. The statistics are the main cost
-    (about 1.4x a tiny CNN's step at ``every=1``; see docs/benchmarks.md): raise ``every`` for long runs.
-    ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first one, keeping the last
-    good weights).
+    ``select`` picks the layers watched (None: every leaf module). The per-layer statistics are the main
+    cost (about 1.4x a small CNN's step when taken at every step), so by default (``every=None``) they
+    follow the doctor's adaptive schedule (:class:`hookscope.doctor.schedule.Schedule`: every step of the
+    first 10, then every 50th, every step again while a check is suspicious), while the loss is kept at
+    every step; ``every=k`` records every k-th step instead. The rules run every ``check_every`` steps.
+    ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first non-finite loss or
+    gradient, keeping the last good weights, and names the module and op that made it).
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.
     ``preflight=True`` runs :func:`hookscope.preflight` at the first ``before_fit`` (not when resuming):
     its findings join the doctor's, and ``preflight_findings`` keeps them for the run folder.
@@ -60,7 +63,7 @@ class Doctor(Callback):
     def __init__(
         self,
         select: Spec = None,
-        every: int = 1,
+        every: int | None = None,
         check_every: int = 10,
         thresholds: Thresholds | None = None,
         guard: bool = True,
@@ -76,7 +79,9 @@ class Doctor(Callback):
         )
         self.activations = ActivationStats(recorder=self.engine.activations)
         self.gradients = GradientStats(recorder=self.engine.gradients)
-        self.guard = NonFiniteGuard(quiet=True) if guard else None
+        # The loss and gradients catch every NaN/Inf that matters, and find_nonfinite names the module
+        # and op on a stop: checking each layer's output every step would cost ~15% of a small CNN's.
+        self.guard = NonFiniteGuard(select=False, quiet=True) if guard else None
 
     @property
     def parts(self) -> list[Callback]:
@@ -102,6 +107,9 @@ class Doctor(Callback):
         if self.preflight and self.preflight_findings is None and fresh:
             self._preflight()
 
+    def before_train(self) -> None:
+        self.engine.watch_optimizer(self.learn.opt)
+
     def before_batch(self) -> None:
         self.engine.begin_batch(self.learn.training_step, self.learn.training)
 
@@ -124,6 +132,15 @@ class Doctor(Callback):
     def after_batch(self) -> None:
         if self.learn.training:
             self.engine.end_batch()
+
+    def after_epoch(self) -> None:
+        """The epoch's mean losses, which the Recorder (it runs first) has just read, feed
+        ``overfitting``."""
+        recorder = getattr(self.learn, "recorder", None)
+        row = recorder.history[-1] if recorder is not None and recorder.history else {}
+        train, valid = row.get("train_loss"), row.get("valid_loss")
+        if train is not None and valid is not None:
+            self.engine.log_epoch(self.learn.epoch, self.learn.training_step, train, valid)
 
     def after_cancel_fit(self) -> None:
         if self.guard is not None and self.guard.report is not None:

@@ -332,8 +332,9 @@ class Engine:
 
     def state_dict(self) -> dict[str, Any]:
         """Findings, what was already reported and printed, the loss and saturation histories, the
-        validation phases' non-finite counts (pending device values read first) and the steps since the
-        last check: a resumed run repeats nothing and misses nothing. The recorders keep their own."""
+        validation phases' non-finite counts (pending device values read first), the epochs' losses, the
+        schedule's alert and the steps since the last check: a resumed run repeats nothing, misses
+        nothing and records the same steps. The recorders keep their own."""
         self._read_own()
         return {
             "findings": [_plain(f.to_dict()) for f in self.findings],

@@ -48,6 +48,14 @@ class Thresholds:
       Adam at lr 1e-2 on a small layer gives ~5e-2).
     - ``divergence_factor``: the loss (mean of ``loss_window`` steps) above this multiple of its best
       value so far, and above its starting value.
+    - ``stall_window``: steps in each of the two windows the loss rules compare (the last one and the one
+      before; each an eighth of the run once the run is longer than 8 windows), ``stall_drop``: the
+      least relative fall between them that still counts as falling, ``stall_level``: the recent median
+      above this share of the starting loss is "far from its best possible value" (most losses reach
+      well below half their start). Stalled there, the loss is ``oscillating_loss`` when its spread
+      ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
+    - ``overfit_epochs``: epochs since the best validation loss; ``overfit_rise``: how far above that
+      best the last one is, while the training loss kept falling (``overfitting``).
     """
 
     patience: int = 3
@@ -61,3 +69,9 @@ class Thresholds:
     update_low: float = 1e-7
     divergence_factor: float = 4.0
     loss_window: int = 3
+    stall_window: int = 25
+    stall_drop: float = 0.05
+    stall_level: float = 0.5
+    oscillation_spread: float = 0.5
+    overfit_epochs: int = 3
+    overfit_rise: float = 0.1

@@ -11,6 +11,7 @@ steps (see docs/doctor.md).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -202,8 +203,8 @@ def update_ratio(params: dict[str, list[ParamRecord]], matrices: set[str], th: T
         if len(ratios) < th.patience:
             continue
         recent = sorted(ratios[-th.patience :])[th.patience // 2]
-        if th.update_low <= recent <= th.update_high:
-            continue
+        if th.update_low <= recent <= th.update_high or not any(ratios):
+            continue  # never moved at all: not_updated says why
         too = "large" if recent > th.update_high else "small"
         fix = (
             "lower the learning rate or add warm-up"
@@ -249,6 +250,143 @@ def loss_divergence(losses: Sequence[tuple[int, float]], th: Thresholds) -> list
                 )
             ]
     return []
+
+
+def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Finding]:
+    """The loss stopped falling while still far from its best possible value: ``plateau`` when it lies
+    flat (or never started to fall), ``oscillating_loss`` when it bounces.
+
+    Compares the median of the last window of steps with the window before (``stall_window`` steps each,
+    an eighth of the run once the run is long: slow late progress is still progress) and with the
+    starting loss (median of the first ``loss_window`` steps). Batch-to-batch noise does not trigger
+    it: a healthy loss keeps falling, and a converged one lies far below half its start.
+    """
+    values = [v for _, v in losses]
+    w = max(th.stall_window, len(values) // 8)
+    if len(values) < 2 * w or not all(math.isfinite(v) for v in values):
+        return []
+    start = statistics.median(values[: th.loss_window])
+    previous, recent = statistics.median(values[-2 * w : -w]), statistics.median(values[-w:])
+    if start <= 0 or recent < th.stall_level * start or recent < (1 - th.stall_drop) * previous:
+        return []
+    since = losses[-2 * w][0]
+    ordered = sorted(values[-w:])
+    spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
+    evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
+    if spread >= th.oscillation_spread:
+        return [
+            Finding(
+                "oscillating_loss",
+                "",
+                since,
+                "warning",
+                f"the training loss bounces instead of falling since step {since}: over the last {w} steps "
+                f"its median is {recent:.3g} ({recent / start:.0%} of its start {start:.3g}) and it swings "
+                f"by {spread:.0%} of that (10th to 90th percentile). Usual fixes: lower the learning rate "
+                "(try Learner.lr_find) or add warm-up, less momentum, a larger batch, gradient clipping.",
+                evidence,
+            )
+        ]
+    started = recent < (1 - th.stall_drop) * start
+    what = f"stopped falling at {recent / start:.0%} of its start" if started else "never started to fall"
+    return [
+        Finding(
+            "plateau",
+            "",
+            since,
+            "warning",
+            f"the training loss {what} since step {since}: median {recent:.3g} over the last {w} steps, "
+            f"{previous:.3g} over the {w} before, {start:.3g} at the start. Usual fixes: a higher learning "
+            "rate (try Learner.lr_find), check that the optimizer holds the parameters and that the "
+            "activations are not dead or saturated, normalise the inputs, check the labels.",
+            evidence,
+        )
+    ]
+
+
+def not_updated(
+    params: dict[str, list[ParamRecord]], groups: dict[str, tuple[int, float]] | None, th: Thresholds
+) -> list[Finding]:
+    """Parameters that receive gradients but never change, per module, with the cause when the
+    optimizer is known: ``groups`` maps each parameter it holds to ``(group index, learning rate)``
+    (None: the optimizer is unknown). Steps without a gradient or an update ratio are ignored."""
+    stale: dict[str, list[str]] = {}
+    since: dict[str, int] = {}
+    for name, records in params.items():
+        moved = [r for r in records if r.grad_norm and r.update_ratio is not None]
+        if len(moved) >= th.patience and not any(r.update_ratio for r in moved):
+            module = _module_of(name)
+            stale.setdefault(module, []).append(name)
+            since[module] = min(since.get(module, moved[0].step), moved[0].step)
+    findings = []
+    for module, names in stale.items():
+        cause, fix = _why_not_updated(names, groups)
+        findings.append(
+            Finding(
+                "not_updated",
+                module,
+                since[module],
+                "warning",
+                f"`{module}` — {', '.join(f'`{n}`' for n in names)} received gradients but never changed "
+                f"since step {since[module]}: {cause}. Usual fix: {fix}.",
+                {"parameters": names, "cause": cause},
+            )
+        )
+    return findings
+
+
+def _why_not_updated(names: list[str], groups: dict[str, tuple[int, float]] | None) -> tuple[str, str]:
+    """The likely cause of a parameter that never changes, in words, and its fix."""
+    if groups is not None and any(n not in groups for n in names):
+        return (
+            "they are not in the optimizer",
+            "create the optimizer from model.parameters() after building the whole model (or add a "
+            "param group for them)",
+        )
+    zero = sorted({groups[n][0] for n in names if groups[n][1] == 0.0}) if groups is not None else []
+    if zero:
+        return (
+            f"their param group {', '.join(map(str, zero))} has learning rate 0",
+            "give the group a learning rate (check the scheduler and any per-group lr)",
+        )
+    return (
+        "the optimizer step leaves them unchanged",
+        "check that opt.step() runs for them (a step skipped every time, a custom optimizer) and that the "
+        "learning rate is not so small that the update rounds away",
+    )
+
+
+def overfitting(epochs: Sequence[tuple[int, int, float, float]], th: Thresholds) -> list[Finding]:
+    """The validation loss rose for ``overfit_epochs`` epochs past its best (by ``overfit_rise`` of it)
+    while the training loss kept falling. ``epochs`` holds ``(epoch, step, train_loss, valid_loss)``."""
+    rows = [e for e in epochs if math.isfinite(e[2]) and math.isfinite(e[3])]
+    if len(rows) <= th.overfit_epochs:
+        return []
+    best = min(range(len(rows)), key=lambda i: rows[i][3])
+    (epoch, step, train, valid), last = rows[best], rows[-1]
+    if (
+        len(rows) - 1 - best < th.overfit_epochs
+        or last[3] <= (1 + th.overfit_rise) * valid
+        or last[2] >= train
+    ):
+        return []
+    return [
+        Finding(
+            "overfitting",
+            "",
+            step,
+            "warning",
+            f"the model overfits since epoch {epoch + 1} (step {step}): the validation loss rose from "
+            f"{valid:.3g} to {last[3]:.3g} over {len(rows) - 1 - best} epochs while the training loss fell "
+            f"from {train:.3g} to {last[2]:.3g}. Usual fixes: stop at the best epoch (EarlyStopping, or keep "
+            "the best checkpoint), more or augmented data, weight decay or dropout, a smaller model.",
+            {
+                "best_epoch": epoch,
+                "valid_losses": [r[3] for r in rows],
+                "train_losses": [r[2] for r in rows],
+            },
+        )
+    ]
 
 
 def frozen(frozen_params: dict[str, int], trainable: int) -> list[Finding]:
