@@ -307,3 +307,17 @@ def test_gradient_stats_see_unscaled_gradients_under_float16_loss_scaling():
     got = [r.grad_norm for r in grads.param_history["0.weight"]]
     want = [r.grad_norm for r in reference.param_history["0.weight"]]
     assert got[0] == pytest.approx(want[0], rel=0.05)
+
+
+def test_the_callbacks_drive_the_recorder_they_are_given():
+    """The Doctor hands its engine's recorders to these adapters: what they record is the engine's."""
+    from hookscope.doctor.records import ActivationRecorder, GradientRecorder
+
+    activations, gradients = ActivationRecorder(every=2), GradientRecorder(every=3)
+    acts, grads = ActivationStats(recorder=activations), GradientStats(recorder=gradients)
+    learn = learner(small_cnn(), acts, grads)
+    learn.fit(1)  # 6 steps
+    assert acts.recorder is activations and grads.recorder is gradients
+    assert [r.step for r in activations.history["0"]] == [0, 2, 4] == [r.step for r in acts.history["0"]]
+    assert [r.step for r in gradients.param_history["0.weight"]] == [0, 3]
+    assert all_hooks(learn.model) == 0
