@@ -203,10 +203,11 @@ def main() -> None:
     ]
     costs = {name: paired_ratio(times, name, bare) - 1 for name, bare in pairs}
     doctor = costs["+ Doctor(guard=False)"]
-    print("  cost over its own bare loop (median of per-round ratios - 1):")
+    print("  cost over its own bare loop (median of per-round ratios - 1; added µs/step, median of rounds):")
     for (name, bare), cost in zip(pairs, costs.values(), strict=True):
-        versus = "" if name.startswith("+ Doctor") else f"   {cost - doctor:+.3f} vs the Doctor's"
-        print(f"    {name:<38} {cost:+.3f} over {bare}{versus}")
+        added = median([(a - b) * 1e6 for a, b in zip(times[name], times[bare], strict=True)])
+        versus = "" if name.startswith("+ Doctor") else f"  {cost - doctor:+.3f} vs the Doctor's"
+        print(f"    {name:<38} {cost:+.3f} ({added:+7.0f} µs) over {bare}{versus}")
 
 
 if __name__ == "__main__":
