@@ -1,15 +1,24 @@
-"""A GAN trained with the seed article's CycleGAN pattern: the Learner trains the generator, a callback
-trains the discriminator in ``after_batch``.
+"""The smallest GAN with the seed article's pattern: the Learner trains the generator, a callback trains
+the discriminator in ``after_batch``.
+
+What it shows that ``cyclegan.py`` (the article's full CycleGAN trainer) does not: a callback that owns a
+network *outside* the model — the discriminator and its optimizer live in ``DiscriminatorTrainer``, built
+in ``__init__`` and returned by its ``state_dict``, so a checkpoint keeps them and ``learn.load`` gives them
+back at once — while ``learn.opt`` stays the Learner's own. And 2-D points, so "the generator learned the
+data" is one number you can check, the distance of its samples to the data's mean and spread.
 
 Data: 2-D points from a Gaussian centred at (2, -1). The generator maps 2-D noise to points; its loss is
 the discriminator being fooled. After each generator step, ``DiscriminatorTrainer.after_batch`` takes the
 generator's output (``learn.pred``) and the real points (``learn.yb``) and makes one discriminator step with
-its own optimizer. Both losses end up in ``learn.recorder.history`` (``train_loss`` and ``d_loss``).
+its own optimizer. Both losses end up in ``learn.recorder.history`` (``train_loss``, and ``d_loss`` through
+``learn.recorder.record``).
 
     python examples/gan.py
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,7 +48,7 @@ class GeneratorLoss:
 
 
 class DiscriminatorTrainer(hs.Callback):
-    """One discriminator step after every generator step; its loss is added to each history row."""
+    """One discriminator step after every generator step; its loss goes to the Recorder."""
 
     run_valid = False
 
@@ -49,9 +58,6 @@ class DiscriminatorTrainer(hs.Callback):
 
     def before_fit(self) -> None:
         self.discriminator.to(self.learn.device)
-
-    def before_epoch(self) -> None:
-        self.epoch_losses: list[torch.Tensor] = []
 
     def after_batch(self) -> None:
         if self.learn.pred is None:
@@ -64,11 +70,11 @@ class DiscriminatorTrainer(hs.Callback):
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.epoch_losses.append(loss.detach())
+        self.learn.recorder.record(d_loss=loss.detach())
 
-    def after_epoch(self) -> None:
-        # the Recorder (order -20) has already written this epoch's row; one read per epoch
-        self.learn.recorder.history[-1]["d_loss"] = torch.stack(self.epoch_losses).mean().item()
+    def state_dict(self) -> dict[str, Any]:
+        """The discriminator and its optimizer: a checkpoint stores their states and gives them back."""
+        return {"discriminator": self.discriminator, "opt": self.opt}
 
 
 def distance_to_data(samples: torch.Tensor) -> float:
