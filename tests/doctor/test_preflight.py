@@ -21,6 +21,16 @@ from hookscope.models import mlp as mlp_of_sizes
 pytestmark = pytest.mark.usefixtures("deterministic")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: these small batches gain nothing from two, and on a loaded machine two threads
+    spin waiting for each other at every operator (tens of seconds instead of one or two)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def _digits(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised digits, flattened to (n, 64), and their labels."""
     x, y, _, _ = digits_tensors()
@@ -280,7 +290,6 @@ def test_digits_cnn_is_quiet():
     assert hs.preflight(digits_cnn(), digits_loaders(), nn.CrossEntropyLoss()) == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("build", [resnet18, mobilenet_v3_small])
 def test_torchvision_models_on_upscaled_digits_are_quiet(build):
     torch.manual_seed(0)
