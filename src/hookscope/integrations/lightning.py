@@ -58,7 +58,6 @@ class HookscopeCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from hookscope.watch import watch
 
-        self.close()  # a fit that raised leaves its watch open: one set of hooks, never two
         self.watch = watch(user_model(pl_module, self.model), **self.options)
         self._steps.attach(trainer.optimizers)
         self._ready = False
@@ -84,15 +83,20 @@ class HookscopeCallback(pl.Callback):
         if not self._ready:
             return
         self._ready = False
-        if self._steps.stepped:
-            self.watch.step_done()
-        else:
+        if not self._steps.stepped:
             self.watch.skip_step()
-        if (
-            self.watch.step % self.watch.options["check_every"] == 0
-        ):  # the check just read everything: no extra sync
-            for logger in trainer.loggers:
-                logger.log_metrics(scalars(self.watch), step=trainer.global_step)
+            return
+        self.watch.step_done()
+        if self.watch.step % self.watch.options["check_every"] == 0:
+            self._log_scalars(trainer)
+
+    def _log_scalars(self, trainer: pl.Trainer) -> None:
+        """Right after a check, which read every pending statistic: this costs no extra host sync."""
+        if not trainer.loggers:
+            return
+        metrics = scalars(self.watch)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.close()
