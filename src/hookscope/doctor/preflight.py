@@ -38,7 +38,8 @@ SAMPLE_BATCHES, SAMPLE_SIZE = 4, 512
 INIT_LOSS_FACTOR = {"classification": 2.0, "regression": 3.0}
 # input_scale: the inputs' RMS above LARGE_RMS or every value below TINY_MAX; one feature's (channel's)
 # RMS above FEATURE_RATIO times the median feature's.
-LARGE_RMS, TINY_MAX, FEATURE_RATIO = 10.0, 1e-2, 100.0
+# Only features non-zero in at least DENSE_FRACTION of the values count towards the median.
+LARGE_RMS, TINY_MAX, FEATURE_RATIO, DENSE_FRACTION = 10.0, 1e-2, 100.0, 0.1
 # label_problem "one class only" needs at least this many targets (2 balanced classes: chance 2^-15).
 MIN_LABELS_ONE_CLASS = 16
 # cannot_overfit: OVERFIT_SAMPLES samples, at most OVERFIT_STEPS steps, must bring the loss below
@@ -259,8 +260,10 @@ def _feature_scale(x: torch.Tensor, where: str, first: str) -> list[Finding]:
     """One feature (2-D inputs) or channel (images, 4-D and more) on a scale far from the others."""
     if x.dim() == 3:
         return []  # (N, C, L) or (N, T, F): which dimension holds the features is not known
-    per_feature = x.transpose(0, 1).reshape(x.shape[1], -1).square().mean(1).sqrt()
-    live = per_feature[per_feature > 0]
+    columns = x.transpose(0, 1).reshape(x.shape[1], -1)
+    per_feature = columns.square().mean(1).sqrt()
+    # sparse columns (one-hot, counts of rare words) are not the scale of the data
+    live = per_feature[(columns != 0).double().mean(1) >= DENSE_FRACTION]
     if len(live) < 2:
         return []
     median, top = float(live.median()), int(per_feature.argmax())
