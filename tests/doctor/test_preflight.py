@@ -304,6 +304,16 @@ def test_sequence_classifiers_are_quiet(build):
     assert hs.preflight(build(), loader, nn.CrossEntropyLoss()) == []
 
 
+@pytest.mark.parametrize("loss_func", [nn.BCEWithLogitsLoss(), nn.BCELoss()])
+def test_binary_classifier_is_quiet(loss_func):
+    x, y = _digits(256)
+    head = [nn.Sigmoid()] if isinstance(loss_func, nn.BCELoss) else []
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1), *head)
+    loader = DataLoader(TensorDataset(x, (y > 4).float()[:, None]), batch_size=32, shuffle=True)
+    torch.manual_seed(0)
+    assert hs.preflight(model, loader, loss_func) == []
+
+
 @pytest.mark.parametrize("loss_func", [nn.MSELoss(), nn.L1Loss(), nn.HuberLoss()])
 def test_mlp_regression_is_quiet(loss_func):
     g = torch.Generator().manual_seed(0)
