@@ -131,6 +131,22 @@ def test_sigmoid_before_bce_with_logits():
     assert finding.module == "1" and "BCEWithLogitsLoss applies one again" in finding.message
 
 
+class SigmoidInForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.linear(x))
+
+
+def test_a_sigmoid_applied_in_forward_before_bce_with_logits():
+    x, y = _digits()
+    found = _found(SigmoidInForward(), (x, (y > 4).float()[:, None]), nn.BCEWithLogitsLoss())
+    (finding,) = found["output_loss_mismatch"]
+    assert "already went through a sigmoid (sigmoid)" in finding.message
+
+
 def test_log_softmax_before_cross_entropy_is_harmless_and_quiet():
     assert "output_loss_mismatch" not in _found(nn.Sequential(mlp(3), nn.LogSoftmax(dim=1)), _digits())
 
@@ -146,6 +162,12 @@ def test_a_sigmoid_output_cannot_reach_targets_up_to_nine():
     (finding,) = found["output_loss_mismatch"]
     assert finding.module == "3" and finding.severity == "warning"
     assert finding.evidence["output_bounds"] == [0.0, 1.0] and finding.evidence["target_max"] == 9.0
+
+
+def test_a_relu6_output_is_bounded_by_its_own_range():
+    x, y = _digits()
+    (finding,) = _found(_regressor(nn.ReLU6()), (x, y.float()[:, None]), nn.MSELoss())["output_loss_mismatch"]
+    assert finding.evidence["output_bounds"] == [0.0, 6.0] and "(ReLU6)" in finding.message
 
 
 def test_fewer_output_classes_than_the_labels_use():
@@ -229,7 +251,15 @@ def test_regression_targets_far_from_zero_ask_for_the_bias():
 def test_a_learning_rate_far_too_small_cannot_overfit_one_batch():
     (finding,) = _found(mlp(3), _digits(), lr=1e-7, steps=50)["cannot_overfit"]
     assert finding.evidence["steps"] == 50 and finding.evidence["samples"] == 16
-    assert finding.evidence["best"] > finding.evidence["goal"]
+    assert finding.evidence["best"] > finding.evidence["goal"] and finding.severity == "error"
+
+
+def test_a_loss_that_falls_too_slowly_is_a_warning():
+    x, y = _digits()
+    found = _found(_regressor(), (x, 50 + y.float()[:, None]), nn.MSELoss())
+    (finding,) = found["cannot_overfit"]
+    assert finding.severity == "warning" and "too slowly" in finding.message
+    assert finding.evidence["best"] < 0.5 * finding.evidence["start"]
 
 
 def test_overfitting_stops_as_soon_as_the_goal_is_reached():
@@ -308,9 +338,9 @@ def test_sequence_classifiers_are_quiet(build):
 def test_binary_classifier_is_quiet(loss_func):
     x, y = _digits(256)
     head = [nn.Sigmoid()] if isinstance(loss_func, nn.BCELoss) else []
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1), *head)
     loader = DataLoader(TensorDataset(x, (y > 4).float()[:, None]), batch_size=32, shuffle=True)
-    torch.manual_seed(0)
     assert hs.preflight(model, loader, loss_func) == []
 
 

@@ -45,6 +45,9 @@ MIN_LABELS_ONE_CLASS = 16
 # cannot_overfit: OVERFIT_SAMPLES samples, at most OVERFIT_STEPS steps, must bring the loss below
 # OVERFIT_FRACTION of chance (above the loss's own floor, e.g. with label smoothing).
 OVERFIT_SAMPLES, OVERFIT_STEPS, OVERFIT_FRACTION, OVERFIT_LR = 16, 300, 0.1, 1e-3
+# A loss that missed the goal but fell below OVERFIT_PROGRESS of its start learns slowly (a warning);
+# one that did not, or went non-finite, points to a bug (an error).
+OVERFIT_PROGRESS = 0.5
 # batch_mixing: sample counts tried for the probe batch (one that no other dimension of the data has),
 # and at most this many mixing modules traced back from the output (one backward pass each).
 MIXING_SIZES, MIXING_ROUNDS = (3, 5, 7, 11, 13), 6
@@ -69,14 +72,19 @@ _LOSS_KINDS: dict[Any, str] = {
 }
 _CLASSIFICATION = ("multiclass", "nll", "binary_logits", "binary_probs")
 _REGRESSION = ("mse", "l1", "regression")
-# Output modules whose values are bounded, and the bounds.
+# Output activations whose values are bounded, and the bounds: by module type (nn.Hardtanh and its
+# subclass nn.ReLU6 read their own), and by the autograd node of the output (torch.sigmoid in a forward).
 _BOUNDED = {
     nn.Sigmoid: (0.0, 1.0),
     nn.Hardsigmoid: (0.0, 1.0),
     nn.Tanh: (-1.0, 1.0),
-    nn.Hardtanh: (-1.0, 1.0),
+    nn.Softsign: (-1.0, 1.0),
 }
-_BOUNDED[nn.Softsign] = (-1.0, 1.0)
+_BOUNDED_OPS = {
+    "SigmoidBackward0": (0.0, 1.0),
+    "HardsigmoidBackward0": (0.0, 1.0),
+    "TanhBackward0": (-1.0, 1.0),
+}
 _BATCH_NORMS = (
     nn.BatchNorm1d,
     nn.BatchNorm2d,
@@ -155,6 +163,7 @@ class _Probe:
     last_module: nn.Module | None = None
     last_is_output: bool = False
     last_weighted: str = ""
+    final_op: str = ""
     names: dict[int, str] = field(default_factory=dict)
 
 
@@ -197,18 +206,22 @@ def _check(
 
 
 def _probe(net: nn.Module, inputs: tuple) -> _Probe:
-    """Forward ``inputs`` once without gradients, noting which leaf modules run first and last."""
+    """Forward ``inputs`` once, noting which leaf modules run first and last, and the operation that
+    made the output (its autograd node: ``SigmoidBackward0`` for a sigmoid applied in a forward)."""
     probe = _Probe(output=None, names={id(m): n for n, m in net.named_modules()})
     done: list[tuple[str, nn.Module, Any]] = []
-    with HookSet() as hooks, torch.no_grad():
+    with HookSet() as hooks:
         for module in net.modules():
             if next(module.children(), None) is None:
                 hooks.forward(module, lambda m, a, o: done.append((probe.names[id(m)], m, o)))
-        probe.output = net(*inputs)
+        output = net(*inputs)
+    grad_fn = getattr(output, "grad_fn", None)
+    probe.final_op = grad_fn.name() if grad_fn is not None else ""
+    probe.output = map_tensors(torch.Tensor.detach, output)
     if done:
         probe.first = done[0][0]
         probe.last, probe.last_module, last_output = done[-1]
-        probe.last_is_output = last_output is probe.output
+        probe.last_is_output = last_output is output
     probe.last_weighted = next(
         (name for name, m, _ in reversed(done) if next(m.parameters(), None) is not None), probe.last
     )
@@ -363,7 +376,7 @@ def _label_finding(problem: str, y: torch.Tensor) -> Finding:
 def _output(kind: str, out: torch.Tensor, target: torch.Tensor, probe: _Probe) -> list[Finding]:
     """An output the loss cannot use as it is: its activation applied twice, outside what the loss takes,
     bounded below the targets, or shaped so that the loss broadcasts it."""
-    name, last_type = probe.last, type(probe.last_module).__name__
+    name = probe.last
     if out.shape[0] != target.shape[0]:
         problem = (
             f"the output has {out.shape[0]} rows for {target.shape[0]} targets: a view/reshape lost the "
@@ -395,12 +408,11 @@ def _output(kind: str, out: torch.Tensor, target: torch.Tensor, probe: _Probe) -
                 _range(values),
             )
         ]
-    strictly_unit = bool(values.min() > 0) and bool(values.max() < 1) and values.numel() >= 8
-    if kind == "binary_logits" and (_bounded(probe) == (0.0, 1.0) or strictly_unit):
+    if kind == "binary_logits" and _bounded(probe) == (0.0, 1.0):
         return [
             _mismatch(
                 name,
-                f"the output already went through a sigmoid ({last_type}) and "
+                f"the output already went through a sigmoid ({_activation(probe)}) and "
                 "BCEWithLogitsLoss applies one again: return the raw scores",
                 _range(values),
             )
@@ -441,7 +453,7 @@ def _regression_output(values: torch.Tensor, target: torch.Tensor, probe: _Probe
             "output_loss_mismatch",
             name,
             "warning",
-            f"`{name}` ({type(probe.last_module).__name__}) bounds the output to "
+            f"`{name}` ({_activation(probe)}) bounds the output to "
             f"[{bounds[0]:g}, {bounds[1]:g}] but the targets reach [{low:.3g}, {high:.3g}]: remove it, or "
             "scale the targets into its range",
             {"output_bounds": list(bounds), "target_min": low, "target_max": high},
@@ -450,10 +462,20 @@ def _regression_output(values: torch.Tensor, target: torch.Tensor, probe: _Probe
 
 
 def _bounded(probe: _Probe) -> tuple[float, float] | None:
-    """The bounds of the model's output when its last module is a bounded activation applied last."""
-    if not probe.last_is_output:
-        return None
-    return next((b for t, b in _BOUNDED.items() if isinstance(probe.last_module, t)), None)
+    """The bounds of the model's output when a bounded activation made it: its last module (when nothing
+    was applied after it), or the operation that made the output."""
+    module = probe.last_module if probe.last_is_output else None
+    if isinstance(module, nn.Hardtanh):
+        return float(module.min_val), float(module.max_val)
+    by_module = next((b for t, b in _BOUNDED.items() if isinstance(module, t)), None)
+    return by_module or _BOUNDED_OPS.get(probe.final_op)
+
+
+def _activation(probe: _Probe) -> str:
+    """What made the output, in words: the last module's type, or the operation."""
+    if probe.last_is_output:
+        return type(probe.last_module).__name__
+    return probe.final_op.removesuffix("Backward0").lower() or "an activation"
 
 
 def _mismatch(name: str, problem: str, evidence: dict[str, Any]) -> Finding:
@@ -615,7 +637,8 @@ def _overfit(
     reference: float,
     floor: float,
 ) -> list[Finding]:
-    """Train on one small batch; a model that cannot drive its loss near zero there has a bug."""
+    """Train on one small batch; a model that cannot drive its loss near zero there has a bug (or, when
+    the loss falls but too slowly, a learning rate or a start to fix)."""
     if not math.isfinite(reference) or reference <= floor:
         return []
     goal = floor + OVERFIT_FRACTION * (reference - floor)
@@ -636,9 +659,10 @@ def _overfit(
     last, best = float(history[-1]), float(history.nan_to_num(math.inf).min())
     if math.isfinite(last) and last <= goal:
         return []
+    falling = math.isfinite(last) and best < OVERFIT_PROGRESS * float(history[0])
     if not math.isfinite(last):
         cause = "the loss became NaN/Inf: lower the learning rate"
-    elif best < 0.5 * float(history[0]):
+    elif falling:
         cause = "the loss falls, too slowly: raise the learning rate, or fix a poor start (see init_loss)"
     else:
         cause = (
@@ -649,7 +673,7 @@ def _overfit(
         _finding(
             "cannot_overfit",
             "",
-            "error",
+            "warning" if falling else "error",
             f"the model cannot fit one batch of {len(target)} samples: after {len(losses)} steps at lr "
             f"{lr:g} the loss is {last:.4g} (best {best:.4g}, start {float(history[0]):.4g}, goal "
             f"{goal:.4g}); {cause}",
