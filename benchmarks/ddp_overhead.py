@@ -29,7 +29,7 @@ from torch.utils.data.distributed import DistributedSampler
 sys.path.insert(0, str(Path(__file__).parent))
 import loop_overhead
 from common import CLOCKS, benchmark_args, format_table, median, optional_import, run_alternating
-from loop_overhead import BATCH, LR, StepClock, hookscope, lightning_variant, mlp
+from loop_overhead import BATCH, LR, hand_written, hookscope, lightning_variant, mlp
 
 WORLD = 2
 
@@ -42,22 +42,25 @@ class Setup(loop_overhead.Setup):
         self.warmup, self.steps = warmup, steps  # per rank: what StepClock marks
 
 
-def hand_written(setup: Setup) -> float:
-    """The DDP loop as the PyTorch tutorial writes it."""
-    model, _ = setup.model_and_opt()
-    model = DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    dataset = setup.loader().dataset
-    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-    sampler.set_epoch(0)
-    loss_func, clock = nn.CrossEntropyLoss(), StepClock(setup)
-    for i, (x, y) in enumerate(DataLoader(dataset, batch_size=BATCH, sampler=sampler)):
-        loss = loss_func(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        clock.step_done(i)
-    return clock.seconds
+class WrappedSetup(Setup):
+    """The same data, and the model already in ``DistributedDataParallel``, for the hand-written loop."""
+
+    def model_and_opt(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, _ = super().model_and_opt()
+        model = DistributedDataParallel(model)
+        return model, torch.optim.SGD(model.parameters(), lr=LR)
+
+    def sharded_loader(self) -> DataLoader:
+        """The DDP tutorial's loader: a DistributedSampler over the dataset, epoch 0."""
+        dataset = self.loader().dataset
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        sampler.set_epoch(0)
+        return DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+
+
+def hand_written_ddp(setup: WrappedSetup) -> float:
+    """loop_overhead's hand-written loop, on the wrapped model and the sharded loader."""
+    return hand_written(setup, setup.sharded_loader)
 
 
 def on_every_rank(variant: functools.partial) -> float:
@@ -72,9 +75,9 @@ def worker(args: SimpleNamespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     warmup, steps, rounds = (5, 30, 1) if args.quick else (30, 300, args.rounds)
-    setup = Setup(warmup, steps, args.clock)
+    setup, wrapped = Setup(warmup, steps, args.clock), WrappedSetup(warmup, steps, args.clock)
     variants = {
-        "hand-written DDP, DataLoader": functools.partial(hand_written, setup),
+        "hand-written DDP, DataLoader": functools.partial(hand_written_ddp, wrapped),
         "hookscope Learner (in_memory=False)": functools.partial(hookscope, setup, in_memory=False),
         "hookscope Learner (in-memory fast path)": functools.partial(hookscope, setup, in_memory=True),
     }

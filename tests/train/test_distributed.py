@@ -57,6 +57,7 @@ def test_one_process_is_rank_zero_of_one_and_reductions_return_their_input() -> 
     flag = torch.tensor(True)
     assert distributed.any_rank(flag) is not None and bool(distributed.any_rank(flag))
     assert distributed.all_gather({"a": 1}) == [{"a": 1}]
+    assert distributed.rank_zero_only(lambda x: x + 1)(1) == 2
 
 
 def test_validation_shards_hold_every_sample_once_without_padding() -> None:
