@@ -104,12 +104,13 @@ def write_report(run_dir: str | Path) -> Path:
     summary = _read_json(run_dir / "summary.json", {})
     findings = _read_json(run_dir / "findings.json", None)
     stats = _read_json(run_dir / "stats.json", [])
-    figures = sorted((run_dir / "figures").glob("*.png"))
+    # finding_NN.png: the evidence of the NN-th finding, drawn in the findings table beside it
+    figures = [f for f in sorted((run_dir / "figures").glob("*.png")) if not f.stem.startswith("finding_")]
     body = [
         _header(config, rows, summary),
         *_figure_sections(figures, config, summary),
         _preflight_section(_read_json(run_dir / "preflight.json", None)),
-        _findings_section(findings),
+        _findings_section(findings, run_dir / "figures"),
         _stats_section(stats),
         _pruning_section(_read_json(run_dir / "pruning.json", None)),
         _summary_section(summary),
@@ -254,8 +255,11 @@ def _aspect(png: Path) -> float:
     return width / height if height else 1.0
 
 
-def _findings_section(findings: list[dict[str, Any]] | None) -> str:
-    lead = "What the doctor saw while training, most severe first, with the layer where it happened."
+def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> str:
+    lead = (
+        "What the doctor saw while training, most severe first, with the layer where it happened and the "
+        "plot that shows it."
+    )
     if findings is None:
         return _section("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
     rows = [
@@ -263,14 +267,19 @@ def _findings_section(findings: list[dict[str, Any]] | None) -> str:
             _severity(f),
             f"<code>{html.escape(str(_layer(f)))}</code>",
             html.escape(_fmt(f.get("step", ""))),
-            html.escape(str(f.get("message", ""))),
+            html.escape(str(f.get("message", ""))) + _evidence(figures / f"finding_{i:02d}.png"),
         ]
-        for f in findings
+        for i, f in enumerate(findings)
     ]
     if not rows:
         rows = [['<span class="sev sev-ok">ok</span>', "", "", "No problem found."]]
     table = _table(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
     return _section("Doctor's findings", lead, table)
+
+
+def _evidence(png: Path) -> str:
+    """The finding's evidence figure, when the run drew one."""
+    return _figures_html([png]) if png.is_file() else ""
 
 
 def _preflight_section(findings: list[dict[str, Any]] | None) -> str:

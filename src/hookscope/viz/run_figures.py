@@ -14,9 +14,11 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.callbacks.run_folder import ranked
 from hookscope.doctor.records import ActivationRecorder, GradientRecorder
 from hookscope.hooks.capture import capture
 from hookscope.viz.curves import loss_curves, lr_schedule
+from hookscope.viz.evidence import write_finding_figures
 from hookscope.viz.feature_maps import feature_maps, save_figure
 from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
 
@@ -37,15 +39,19 @@ def write_run_figures(
     gradients: GradientStats | None = None,
     sample: tuple | None = None,
 ) -> None:
-    """Draw the loss and lr curves, the statistics of ``activations`` / ``gradients`` (when recorded) and
-    the feature maps of the first conv layers on ``sample`` (the model's inputs for one example, as a
-    tuple); ``path(name)`` gives each PNG's file."""
+    """Draw the loss and lr curves, the statistics of ``activations`` / ``gradients`` (when recorded), the
+    evidence of each doctor finding (:mod:`hookscope.viz.evidence`) and the feature maps of the first
+    conv layers on ``sample`` (the model's inputs for one example, as a tuple); ``path(name)`` gives
+    each PNG's file."""
     recorder = learn.recorder
     if recorder.history or recorder.losses:
         save_figure(loss_curves(recorder.losses, recorder.history), path("figures/loss.png"))
     if recorder.lrs:
         save_figure(lr_schedule(recorder.lrs), path("figures/lr.png"))
     write_statistics_figures(learn.model, path, activations, gradients)
+    doctor = getattr(learn, "doctor", None)
+    if doctor is not None:
+        write_finding_figures(ranked(doctor.findings), doctor.engine, path)
     if sample is not None:
         _feature_map_figures(learn.model, sample, path)
 

@@ -117,7 +117,9 @@ class KillUnits(hs.Callback):
 
 
 def faulty_learner(*cbs: hs.Callback, dead_at: int = 6, **doctor) -> hs.Learner:
-    """An MLP on the bundled digits (1x8x8 images) whose ReLU dies at step ``dead_at``; a quiet Doctor."""
+    """An MLP on the bundled digits (1x8x8 images) whose ReLU dies at step ``dead_at``; a quiet Doctor
+    recording statistics at every step (``every=1``, not its sparse default schedule) for the trackers."""
+    doctor = {"every": 1, **doctor}
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     return hs.Learner(
