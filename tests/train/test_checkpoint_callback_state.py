@@ -165,3 +165,14 @@ def test_a_missing_callback_that_owned_learn_opt_is_one_line_naming_it(tmp_path)
         "['opts'][1], but this Learner has no callback 'adversary'; add Adversary() to cbs as the saved "
         "run had it"
     )
+
+
+def test_a_save_before_the_owned_optimizer_is_built_keeps_its_saved_state(tmp_path):
+    learn = tiny_learner(cbs=[Adversary()])
+    learn.fit(1)
+    path = learn.save(tmp_path / "state.pt")
+
+    loaded = tiny_learner(seed=3, cbs=[Adversary()])
+    loaded.load(path)  # the optimizer made in before_fit does not exist yet
+    again = torch.load(loaded.save(tmp_path / "again.pt"), weights_only=True)
+    assert again["callbacks"]["adversary"]["opts"][0]["state"]["state"][0]["step"] == 5

@@ -55,7 +55,9 @@ class Callback:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must keep to resume this callback exactly (plain containers only)."""
+        """What a checkpoint must keep to resume this callback exactly: tensors and plain values in dicts and
+        lists, and the optimizers and modules it owns, as objects — the checkpoint stores their states and
+        gives them back (``train/checkpoint/callback_state.py``)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ def save_callback_states(learn: Learner) -> dict[str, Any]:
     owner = None
     for key, cb in keyed_callbacks(learn):
         live = cb.state_dict()
-        state = _stored(live)
+        state = _with_pending(_stored(live), [item for item in learn.pending_objects if item.callback is cb])
         check_plain(state, f"{type(cb).__name__}.state_dict()")
         if not state:
             continue
@@ -170,6 +170,17 @@ def _load_pending(item: PendingObject, required: bool) -> bool:
     check_object(live, item.saved, where)
     live.load_state_dict(item.saved["state"])
     return True
+
+
+def _with_pending(state: Any, pending: list[PendingObject]) -> Any:
+    """``state`` with each object still waiting to be built replaced by the state it waits for, so that a
+    save between a load and the first batch loses nothing."""
+    for item in pending:
+        *parents, last = item.path
+        container = _at(state, tuple(parents))
+        if isinstance(container, dict | list) and _at(container, (last,)) is None:
+            container[last] = item.saved
+    return state
 
 
 def _refuse_missing(key: str, cls: str, saved: Any, owner: Mapping[str, Any] | None, source: str) -> None:
