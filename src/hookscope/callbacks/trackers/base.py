@@ -129,7 +129,8 @@ class Tracker(Callback, ABC):
         """Write ``{step: {key: value}}``."""
 
     def write_histograms(self, step: int, histograms: dict[str, TensorStats]) -> None:
-        """Write the histogram of each ``tag`` at ``step`` (bins and counts from the device statistics)."""
+        """Write the histogram of each ``tag`` at ``step`` (bins and counts from the device statistics);
+        a tracker without histograms (MLflow) keeps this no-op."""
 
     @abstractmethod
     def write_findings(self, new: list[Finding], every: list[Finding]) -> None:
