@@ -194,7 +194,8 @@ class Tracker(Callback, ABC):
             return
         self._attempt("logging", self._read)
         self._attempt("logging the results", self._write_results)
-        self._close(failed=False)
+        if self._active:  # a failure above has closed the run already
+            self._close(failed=False)
 
     def on_failure(self, exc: BaseException) -> None:
         """Keep what the fit logged until it failed, and mark the run as failed."""
@@ -237,7 +238,7 @@ class Tracker(Callback, ABC):
             return  # the run already holds its configuration, summary and data description
         options = {"options": dict(folder.config)} if folder is not None and folder.config else {}
         self.write_config(learner_config(learn, {**options, **self.config}))
-        self.write_summary(str(learn.summary()))
+        self.write_summary(_summary_text(learn))
         if self.log_dataset:
             self.write_dataset(dataset_description(learn))
 
@@ -365,6 +366,14 @@ class Tracker(Callback, ABC):
 
     def _first(self, kind: type[Callback]) -> Any:
         return next((cb for cb in flatten(self.learn.cbs) if isinstance(cb, kind)), None)
+
+
+def _summary_text(learn: Any) -> str:
+    """The model summary as printed; a model the summary cannot trace still gets its run logged."""
+    try:
+        return str(learn.summary())
+    except Exception as err:
+        return f"(no summary: {type(err).__name__}: {err})"
 
 
 def _rank_zero() -> bool:
