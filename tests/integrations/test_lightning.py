@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+from typing import Any
 
 import pytest
 import torch
 from faults import dead_mlp, digits_flat
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import MixedPrecision
 from loops import LitClassifier, lightning_trainer
+from torch import nn
 
 from hookscope.integrations.lightning import HookscopeCallback
 
@@ -69,3 +72,37 @@ def test_report_writes_the_run_folder_of_the_fit(tmp_path) -> None:
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["status"], config["steps"]) == ("complete", 3)
     assert "layer `3` — 100% of units dead" in (tmp_path / "run" / "report.html").read_text()
+
+
+class InfGradientOnSecondBackward(torch.autograd.Function):
+    """Identity; the second backward through it returns an infinite gradient (a float16 overflow)."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        InfGradientOnSecondBackward.calls += 1
+        return grad * float("inf") if InfGradientOnSecondBackward.calls == 2 else grad
+
+
+class OverflowOnce(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return InfGradientOnSecondBackward.apply(x)
+
+
+def test_fp16_gradients_are_read_unscaled_and_the_step_the_scaler_skips_is_not_counted() -> None:
+    InfGradientOnSecondBackward.calls = 0
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), OverflowOnce(), nn.ReLU(), nn.Linear(32, 10))
+    callback = HookscopeCallback(quiet=True, check_every=3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)  # Lightning's CPU 16-mixed has no scaler
+    trainer = lightning_trainer(4, callback, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.fit(LitClassifier(net), digits_flat().train)
+    assert (trainer.global_step, callback.watch.step) == (4, 3)  # Lightning counts the skipped step
+    records = callback.watch.param_history["0.weight"]
+    assert [r.step for r in records] == [0, 1, 2]
+    assert all(0 < r.grad_norm < 10 for r in records)  # scaled by 2**16 they would be > 1e4
