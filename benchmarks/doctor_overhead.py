@@ -1,0 +1,115 @@
+"""Cost of ``Doctor()`` at its defaults next to the bare Learner, on the small CNN and on ResNet18.
+
+Variants, run alternating in the same process (medians over rounds, and the median of per-round ratios):
+
+- ``small CNN``: the model and data of ``stats_overhead.py`` (1x28x28, batch 64), a fit of
+  ``--cnn-steps`` steps (default 300: three epochs of 100), bare, with ``Doctor()`` and, for reference,
+  with ``Doctor(every=1)`` (statistics at every step, what the defaults were before);
+- ``ResNet18``: torchvision's, weights=None, batch 8 of 3x224x224 random images, ``--resnet-steps``
+  steps (default 100), bare and with ``Doctor()``.
+
+The Doctor's defaults take the per-layer statistics on an adaptive schedule (every step of the first
+10, then every 50th, densely again while a check is suspicious) and keep the loss at every step, so its
+cost depends on the fit's length: the table says how many steps were timed. AdamW(lr=1e-3), in-memory
+tensors, CPU, one thread; an epoch ends with one validation batch. Target: ``Doctor()`` at most 1.05x.
+
+    python benchmarks/doctor_overhead.py --clock cpu   # full run (CPU time: steadier on a busy machine)
+    python benchmarks/doctor_overhead.py --quick       # smoke test
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from common import CLOCKS, benchmark_args, format_table, median, paired_ratio, run_alternating
+from stats_overhead import small_cnn
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+
+TARGET = 1.05
+
+
+def _loaders(steps_per_epoch: int, batch: int, shape: tuple[int, ...]) -> tuple[DataLoader, DataLoader]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(steps_per_epoch * batch, *shape, generator=gen)
+    y = torch.randint(0, 10, (steps_per_epoch * batch,), generator=gen)
+    return DataLoader(TensorDataset(x, y), batch_size=batch), DataLoader(
+        TensorDataset(x[:batch], y[:batch]), batch_size=batch
+    )
+
+
+def fit(
+    build: Callable[[], nn.Module],
+    loaders: tuple[DataLoader, DataLoader],
+    epochs: int,
+    clock: Callable[[], float],
+    doctor: dict | None,
+) -> float:
+    """Seconds per training step of ``epochs`` epochs, bare (``doctor=None``) or with ``Doctor(**doctor)``."""
+    torch.manual_seed(0)
+    cbs = [hs.callbacks.Doctor(quiet=True, **doctor)] if doctor is not None else []
+    learn = hs.Learner(build(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False)
+    start = clock()
+    learn.fit(epochs)
+    return (clock() - start) / (epochs * len(loaders[0]))
+
+
+def resnet18() -> nn.Module:
+    from torchvision.models import resnet18 as build
+
+    return build(weights=None, num_classes=10)
+
+
+def measure(
+    title: str,
+    variants: dict[str, Callable[[], float]],
+    rounds: int,
+    warmup: list[Callable[[], float]] | None = None,
+) -> dict[str, float]:
+    """Warm up (each variant once, or the shorter ``warmup`` runs), time the variants alternating and
+    print the table; returns the paired ratios."""
+    for run in warmup if warmup is not None else variants.values():
+        run()
+    times = run_alternating(variants, rounds)
+    print(format_table(title, {n: median(t) * 1e6 for n, t in times.items()}, "hookscope Learner"))
+    ratios = {}
+    for name in list(variants)[1:]:
+        ratios[name] = paired_ratio(times, name, "hookscope Learner")
+        print(f"  {name} vs bare, median of per-round ratios: {ratios[name]:.3f}x (target <= {TARGET}x)")
+    return ratios
+
+
+def main() -> None:
+    args = benchmark_args(__doc__.splitlines()[0])
+    cnn_steps, resnet_steps, rounds = (20, 4, 1) if args.quick else (300, 100, args.rounds)
+    clock = CLOCKS[args.clock]
+    torch.set_num_threads(1)
+    cnn_epochs = 3 if cnn_steps % 3 == 0 else 1
+    cnn = partial(fit, small_cnn, _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
+    measure(
+        f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, 1 thread, "
+        f"{args.clock} clock",
+        {
+            "hookscope Learner": partial(cnn, None),
+            "+ Doctor()": partial(cnn, {}),
+            "+ Doctor(every=1)": partial(cnn, {"every": 1}),
+        },
+        rounds,
+    )
+    resnet = partial(fit, resnet18, _loaders(resnet_steps, 8, (3, 224, 224)), 1, clock)
+    warm = partial(fit, resnet18, _loaders(2, 8, (3, 224, 224)), 1, clock)  # a ResNet18 step is slow
+    measure(
+        f"Doctor() overhead: ResNet18 3x224x224, batch 8, {resnet_steps} steps x {rounds} rounds, "
+        f"1 thread, {args.clock} clock",
+        {"hookscope Learner": partial(resnet, None), "+ Doctor()": partial(resnet, {})},
+        rounds,
+        warmup=[partial(warm, None), partial(warm, {})],
+    )
+
+
+if __name__ == "__main__":
+    main()
