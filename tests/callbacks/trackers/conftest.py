@@ -3,6 +3,8 @@ machine (W&B offline, MLflow on a local SQLite file)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 
@@ -15,3 +17,6 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
+    yield
+    if "wandb" in sys.modules:  # a fresh W&B service per test, started under that test's output capture
+        sys.modules["wandb"].teardown()

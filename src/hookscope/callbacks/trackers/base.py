@@ -107,6 +107,7 @@ class Tracker(Callback, ABC):
         self._active = self._off = False
         self._pending: list[tuple[int, torch.Tensor, list[Any]]] = []
         self._last_step = self._read_at = 0
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def name(self) -> str:
@@ -326,8 +327,11 @@ class Tracker(Callback, ABC):
         if self.log_model:
             from hookscope.train.checkpoint.export import export_safetensors
 
-            with tempfile.TemporaryDirectory(prefix="hookscope-model-") as tmp:
-                self.write_model(export_safetensors(self.learn.model, Path(tmp) / "model.safetensors"))
+            # kept until the run is closed: a library may read the file after write_model returns
+            self._scratch = tempfile.TemporaryDirectory(prefix="hookscope-model-")
+            self.write_model(
+                export_safetensors(self.learn.model, Path(self._scratch.name) / "model.safetensors")
+            )
 
     def _close(self, failed: bool) -> None:
         self._active = False
@@ -335,6 +339,10 @@ class Tracker(Callback, ABC):
             self.close_run(failed)
         except Exception as err:
             self._give_up("closing the run", err)
+        finally:
+            if self._scratch is not None:
+                self._scratch.cleanup()
+                self._scratch = None
 
     def _attempt(self, what: str, action: Callable[[], None]) -> None:
         """Run one tracker action; the first failure warns once and turns this tracker off for the fit."""
