@@ -54,7 +54,7 @@ HEAVY = (
 NOT_IMPORTABLE_ALONE = {"hookscope.__main__"}
 
 # hs.watch and the framework integrations sit at the edge: they may use every layer, none uses them.
-EDGE = ("hookscope.watch", "hookscope.integrations")
+EDGE = ("hookscope.watching", "hookscope.integrations")
 LAYERS = {
     "hookscope.hooks": (
         *EDGE,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from hookscope._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from hookscope import metrics, testing, viz, watch
+    from hookscope import metrics, testing, viz
     from hookscope.callbacks.doctor import diagnose
     from hookscope.doctor.findings import Finding
     from hookscope.doctor.preflight import preflight
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         CancelValidException,
     )
     from hookscope.train.learner import Learner
-    from hookscope.watch import NonFiniteError, Watch
+    from hookscope.watching import NonFiniteError, Watch, watch
 
 __version__ = "0.1.0"
 
@@ -140,8 +140,9 @@ __getattr__, __dir__ = lazy_exports(
         "CancelTrainException": _EVENTS,
         "CancelValidException": _EVENTS,
         "Learner": "hookscope.train.learner",
-        "NonFiniteError": "hookscope.watch",
-        "Watch": "hookscope.watch",
+        "NonFiniteError": "hookscope.watching",
+        "Watch": "hookscope.watching",
+        "watch": "hookscope.watching",
     },
-    submodules=("callbacks", "metrics", "testing", "viz", "watch"),
+    submodules=("callbacks", "metrics", "testing", "viz"),
 )

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import hookscope as hs
 from hookscope.doctor.findings import Finding
-from hookscope.watch import NonFiniteError
+from hookscope.watching import NonFiniteError
 
 OptFunc = Callable[..., torch.optim.Optimizer]
 

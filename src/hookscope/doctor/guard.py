@@ -4,7 +4,7 @@ Cheap device-side checks pile up between two steps — one ``aminmax`` flag per 
 flag per loss — and :meth:`NonFiniteCheck.decide` adds one fused norm over all gradients and reads ONE
 boolean triple on the host, just before the optimizer step. What a loop does with a "no" differs: the
 Learner's ``NonFiniteGuard`` rolls the buffers back and cancels the fit, ``hs.watch`` raises
-:class:`~hookscope.watch.NonFiniteError` from the optimizer's step pre-hook (so the step never runs).
+:class:`~hookscope.watching.NonFiniteError` from the optimizer's step pre-hook (so the step never runs).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from torch import nn
 from hookscope.hooks.handles import HookSet
 
 if TYPE_CHECKING:
-    from hookscope.watch import Watch
+    from hookscope.watching import Watch
 
 INSTALL_HINT = "pip install 'hookscope[integrations]'"
 
@@ -41,7 +41,7 @@ def user_model(wrapper: nn.Module, model: nn.Module | None = None) -> nn.Module:
 def watch_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` checked against ``hs.watch``'s keyword options now, when the callback is made, rather
     than at the first step of a fit."""
-    from hookscope.watch import Watch
+    from hookscope.watching import Watch
 
     parameters = inspect.signature(Watch).parameters.items()
     accepted = [name for name, p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]

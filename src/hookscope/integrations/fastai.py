@@ -24,7 +24,7 @@ except ImportError as err:
 
 if TYPE_CHECKING:
     from hookscope.doctor.findings import Finding
-    from hookscope.watch import Watch
+    from hookscope.watching import Watch
 
 
 class HookscopeCallback(Callback):
@@ -51,7 +51,7 @@ class HookscopeCallback(Callback):
         return [] if self.watch is None else self.watch.findings
 
     def before_fit(self) -> None:
-        from hookscope.watch import watch
+        from hookscope.watching import watch
 
         self.close()
         self.watch = watch(user_model(self.learn.model, self.watched), **self.options)

@@ -27,7 +27,7 @@ except ImportError as err:
 
 if TYPE_CHECKING:
     from hookscope.doctor.findings import Finding
-    from hookscope.watch import Watch
+    from hookscope.watching import Watch
 
 
 class HookscopeCallback(pl.Callback):
@@ -56,7 +56,7 @@ class HookscopeCallback(pl.Callback):
         return [] if self.watch is None else self.watch.findings
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from hookscope.watch import watch
+        from hookscope.watching import watch
 
         self.watch = watch(user_model(pl_module, self.model), **self.options)
         self._steps.attach(trainer.optimizers)

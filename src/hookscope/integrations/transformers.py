@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     from hookscope.doctor.findings import Finding
-    from hookscope.watch import Watch
+    from hookscope.watching import Watch
 
 
 class HookscopeCallback(TrainerCallback):
@@ -57,7 +57,7 @@ class HookscopeCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        from hookscope.watch import watch
+        from hookscope.watching import watch
 
         self.close()
         model, optimizer = kwargs["model"], kwargs["optimizer"]

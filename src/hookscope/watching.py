@@ -26,9 +26,7 @@ phases has none to give.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
-import types
 import warnings
 import weakref
 from datetime import datetime, timezone
@@ -393,15 +391,3 @@ def _stop_message(step: int, reason: str, report: NonFiniteReport) -> str:
         f"hs.watch stopped optimizer step {step}: the first non-finite value was in the {reason}. The "
         f"step was not taken, so the model keeps the weights of step {step}. {blame}"
     )
-
-
-class _CallableModule(types.ModuleType):
-    """``hs.watch`` is this module: the import system binds a package attribute to the submodule of the
-    same name, and binding the function eagerly instead would import torch with ``import hookscope``
-    (the CLI's ``--help`` must not). Calling the module calls :func:`watch`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Watch:
-        return watch(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
