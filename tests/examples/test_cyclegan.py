@@ -17,6 +17,17 @@ from hookscope.train.callback import sort_callbacks
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cyclegan.py"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread for this module: the example's convolutions are tiny, and on a loaded machine two
+    OpenMP threads waiting on each other cost 20 times the CPU (measured at load 12-18 on 2 cores: 251 s of
+    user time for the example's run with 2 threads, 11 s with 1)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def cyclegan():
     spec = importlib.util.spec_from_file_location("example_cyclegan", EXAMPLE)
