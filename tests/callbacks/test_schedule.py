@@ -1,5 +1,6 @@
 import pytest
 import torch
+from small_learner import StopAtStep, weights
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -265,23 +266,6 @@ def test_one_cycle_rejects_bad_arguments():
         OneCycle(0.1, anneal_strategy="exp")
 
 
-class StopAfterStep(hs.Callback):
-    """Ends the fit after training step ``step`` (counted from 1), after the checkpoint was written."""
-
-    order = 200
-
-    def __init__(self, step):
-        self.step = step
-
-    def after_batch(self):
-        if self.learn.training and self.learn.training_step == self.step:
-            raise hs.CancelFitException()
-
-
-def _weights(learn):
-    return [p.detach().clone() for p in learn.model.parameters()]
-
-
 def test_one_cycle_with_fp16_and_clipping_resumes_mid_epoch_exactly(tmp_path):
     def cbs():
         return [hs.callbacks.MixedPrecision(torch.float16), hs.callbacks.GradientClip(0.5)]
@@ -290,14 +274,14 @@ def test_one_cycle_with_fp16_and_clipping_resumes_mid_epoch_exactly(tmp_path):
     reference.fit_one_cycle(2, 0.05)
 
     first = _learner(cbs=[*cbs(), hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)])
-    first.fit_one_cycle(2, 0.05, cbs=[StopAfterStep(N_BATCHES + 3)])
+    first.fit_one_cycle(2, 0.05, cbs=[StopAtStep(N_BATCHES + 3)])
     assert first.training_step == N_BATCHES + 3
 
     # Another initialisation: only a real resume can end at the reference's weights.
     resumed = _learner(cbs=[*cbs(), hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)], seed=7)
     resumed.fit_one_cycle(2, 0.05, resume="last")
     assert resumed.recorder.lrs == pytest.approx(reference.recorder.lrs, rel=1e-12)
-    assert all(torch.equal(a, b) for a, b in zip(_weights(reference), _weights(resumed), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(weights(reference), weights(resumed), strict=True))
 
 
 def test_lr_scheduler_resumes_its_torch_scheduler_exactly(tmp_path):
@@ -310,7 +294,7 @@ def test_lr_scheduler_resumes_its_torch_scheduler_exactly(tmp_path):
     first = _learner(
         opt_func=torch.optim.SGD, lr=0.05, cbs=[hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)]
     )
-    first.fit(2, cbs=[LRScheduler(factory), StopAfterStep(5)])
+    first.fit(2, cbs=[LRScheduler(factory), StopAtStep(5)])
 
     resumed = _learner(
         opt_func=torch.optim.SGD, lr=0.05, cbs=[hs.callbacks.Checkpoint(tmp_path, every_n_steps=1)]
@@ -319,4 +303,4 @@ def test_lr_scheduler_resumes_its_torch_scheduler_exactly(tmp_path):
     resumed.fit(2, cbs=[cb], resume="last")
     assert cb.scheduler.last_epoch == 2 * N_BATCHES
     assert resumed.recorder.lrs == pytest.approx(reference.recorder.lrs, rel=1e-12)
-    assert all(torch.equal(a, b) for a, b in zip(_weights(reference), _weights(resumed), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(weights(reference), weights(resumed), strict=True))
