@@ -148,6 +148,7 @@ class Learner:
             member.learn = None
 
     def remove_cbs(self, cbs: Iterable[Callback | type[Callback]]) -> None:
+        """Detach each of ``cbs`` (instances or classes), as :meth:`remove_cb` does."""
         for cb in list(cbs):
             self.remove_cb(cb)
 
