@@ -6,6 +6,7 @@ import torchvision
 from torch import nn
 
 import hookscope as hs
+from hookscope.hooks.handles import SwitchedHooks
 
 
 def _count(module: nn.Module) -> int:
@@ -187,3 +188,24 @@ def test_no_hook_is_left_when_the_backward_raises():
         model(x).sum().backward()
     assert len(hooks) == 0
     assert _no_hooks_left(model)
+
+
+def test_switched_hooks_are_registered_only_while_on_and_never_after_clear():
+    first, second, seen = nn.Linear(2, 2), nn.Linear(2, 2), []
+    hooks = SwitchedHooks()
+    hooks.targets([(first, lambda m, args, out: seen.append("first"))])
+    first(torch.ones(1, 2))
+    assert seen == [] and _count(first) == 0
+    hooks.switch(True)
+    hooks.switch(True)  # already on: nothing registered twice
+    first(torch.ones(1, 2))
+    assert seen == ["first"] and _count(first) == 1
+    hooks.targets([(second, lambda m, args, out: seen.append("second"))])  # stays on, moves over
+    first(torch.ones(1, 2))
+    second(torch.ones(1, 2))
+    assert seen == ["first", "second"] and (_count(first), _count(second)) == (0, 1)
+    hooks.switch(False)
+    assert _count(second) == 0
+    hooks.clear()
+    hooks.switch(True)
+    assert _count(first) + _count(second) == 0

@@ -143,6 +143,44 @@ class HookSet:
         self.remove()
 
 
+class SwitchedHooks:
+    """Forward hooks on a fixed set of modules, registered only while switched on.
+
+    For hooks needed on some steps only (statistics taken every 50th step): a module with any forward
+    hook leaves torch's hook-free call path, and each hook is a Python call even when it returns at once,
+    so removing them between those steps costs less than keeping them. ``targets`` replaces the
+    ``(module, fn)`` pairs (keeping the switch as it is); ``clear()`` removes the hooks and forgets them.
+    """
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[nn.Module, Callable[..., Any]]] = []
+        self._hooks = HookSet()
+        self.on = False
+
+    def targets(self, pairs: Sequence[tuple[nn.Module, Callable[..., Any]]]) -> None:
+        """Hook these ``(module, fn)`` pairs from now on (now, if switched on)."""
+        on = self.on
+        self.switch(False)
+        self._pairs = list(pairs)
+        self.switch(on)
+
+    def switch(self, on: bool) -> None:
+        """Register every hook (``on``) or remove them; switching to the current state does nothing."""
+        if on == self.on:
+            return
+        self.on = on
+        if not on:
+            self._hooks.remove()
+            return
+        for module, fn in self._pairs:
+            self._hooks.forward(module, fn)
+
+    def clear(self) -> None:
+        """Remove every hook and forget the targets: switching on again hooks nothing."""
+        self.switch(False)
+        self._pairs = []
+
+
 @dataclass
 class _BackwardCall:
     """One call of a module hooked by :meth:`HookSet.backward`: its gradients, filled in during backward."""
