@@ -131,10 +131,27 @@ def test_the_guard_decision_names_the_first_failed_check_and_clears_when_all_is_
     model(torch.ones(1, 2)).sum().backward()
     check.loss(torch.tensor(1.0))
     assert check.decide(model.parameters(), torch.device("cpu")) is None
-    assert check.activation_flags == [] and check.loss_flags == []
+    assert check.extremes == [] and check.losses == []
     check.loss(torch.tensor(math.nan))
     assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
     model(torch.full((1, 2), math.inf))
     assert check.decide(model.parameters(), torch.device("cpu")) == "activation"
     check.detach()
     assert len(model[0]._forward_hooks) == 0
+
+
+def test_the_guard_sums_a_loss_of_several_values_without_overflow_and_keeps_an_unchecked_group():
+    model = nn.Sequential(nn.Linear(2, 2))
+    check = NonFiniteCheck(None, training=module_in_training)
+    check.attach(model)
+    check.loss(torch.full((4,), 3e38))  # finite float32 values whose float32 sum would be inf
+    assert check.decide(model.parameters(), torch.device("cpu")) is None
+    check.loss(torch.tensor([1.0, math.nan]))
+    assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
+    check.clear()
+    model(torch.full((1, 2), math.inf))  # a checkpoint taken inside a group that saw an inf output
+    restored = NonFiniteCheck(None, training=module_in_training)
+    restored.load_state_dict(check.state_dict(), torch.device("cpu"))
+    assert restored.decide(model.parameters(), torch.device("cpu")) == "activation"
+    check.detach()
+

@@ -57,6 +57,7 @@ class NonFiniteGuard(Callback):
         self._checked = True  # no batch since the last check: the next one snapshots the buffers
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
+        self._params: list[torch.nn.Parameter] = []  # the model's, taken once per fit (not once per step)
         # (xb, yb, RNG states, autocast dtype or None) of the batches since the last check
         self._batches: list[tuple[tuple, tuple, tuple, torch.dtype | None]] = []
         self._resumed: dict[str, Any] = {}  # a checkpoint's unchecked group, applied in before_fit
@@ -66,6 +67,7 @@ class NonFiniteGuard(Callback):
         self._batches, self._checked = [], True
         model = self.learn.model
         self.check.attach(model)
+        self._params = list(model.parameters())
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._saved = [torch.empty_like(b) for b in self._buffers]
         self._apply_resumed()
@@ -76,7 +78,7 @@ class NonFiniteGuard(Callback):
         if self._checked and self._buffers:
             compat.foreach_copy_(self._saved, self._buffers)
         self._checked = False
-        device = model_device(self.learn.model)
+        device = self.learn.device
         cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         # MixedPrecision (which runs first) has entered autocast for this batch when it is on
         amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
@@ -87,7 +89,7 @@ class NonFiniteGuard(Callback):
         self.check.loss(self.learn.loss)
 
     def before_step(self) -> None:
-        reason = self.check.decide(self.learn.model.parameters(), self.learn.loss.device)
+        reason = self.check.decide(self._params, self.learn.loss.device)
         if reason is not None:
             self._stop(reason)
         self._batches, self._checked = [], True
