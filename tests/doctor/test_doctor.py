@@ -6,6 +6,7 @@ import pytest
 import torch
 from faults import LogAct, digits_flat, mlp, train_with_doctor
 from torch import nn
+from torch.utils.data import DataLoader
 
 import hookscope as hs
 
@@ -86,3 +87,32 @@ def test_diagnose_explains_a_missing_loss_and_bad_data():
 def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(ValueError, match="check_every=0"):
         hs.callbacks.Doctor(check_every=0)
+
+
+class _HooksAtForward(hs.Callback):
+    """How many forward hooks the model's modules hold as each batch's forward ends."""
+
+    def __init__(self):
+        self.train, self.valid = {}, []
+
+    def after_pred(self):
+        count = sum(len(m._forward_hooks) for m in self.learn.model.modules())
+        if self.learn.training:
+            self.train[self.learn.training_step] = count
+        else:
+            self.valid.append(count)
+
+
+def test_between_recorded_steps_the_model_runs_without_the_doctors_hooks():
+    torch.manual_seed(0)
+    seen = _HooksAtForward()
+    doctor = hs.callbacks.Doctor(quiet=True)
+    train = digits_flat().train
+    dls = hs.DataLoaders(train, DataLoader(train.dataset, batch_size=256))
+    learn = hs.Learner(mlp(depth=3), dls, nn.CrossEntropyLoss(), cbs=[doctor, seen], progress=False)
+    learn.fit(3)  # 69 steps; the adaptive schedule records steps 0-9 and 50
+    recorded = [r.step for r in doctor.engine.activations.history["0"]]
+    assert recorded == [*range(10), 50]
+    assert [step for step, count in seen.train.items() if count] == recorded
+    assert len(seen.valid) == 3 * 6 and all(seen.valid)  # every validation phase is recorded
+    assert sum(len(m._forward_hooks) for m in learn.model.modules()) == 0

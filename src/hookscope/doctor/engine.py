@@ -33,7 +33,7 @@ from hookscope.doctor import rules
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.records import ActivationRecorder, GradientRecorder, TrainingOf, on_schedule
 from hookscope.doctor.schedule import Schedule
-from hookscope.hooks.handles import HookSet
+from hookscope.hooks.handles import SwitchedHooks
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
@@ -107,10 +107,10 @@ class Engine:
         self.epoch_losses: list[tuple[int, int, float, float]] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self._params: dict[str, nn.Parameter] = {}
-        self._recording_step = True  # saturation follows the schedule (hs.watch announces no batch)
+        self._recording_step = True  # saturation follows the schedule
         self._seen: set[tuple[str, str]] = set()
         self._printed = 0
-        self._hooks = HookSet()
+        self._hooks = SwitchedHooks()  # saturation: on only during recorded training steps
         self._training = self._in_valid = False
         self._step = 0
         self._saturation: dict[str, list[torch.Tensor]] = {}
@@ -122,6 +122,10 @@ class Engine:
         self._steps_since_check = 0
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
+        # The record rules' findings per Thresholds, valid while the histories they read stay unchanged.
+        self._rules_memo: dict[Thresholds, list[Finding]] = {}
+        self._rules_basis: tuple[int, ...] = ()
+        self._saturation_version = 0
 
     @property
     def _recorders(self) -> list[ActivationRecorder | GradientRecorder]:
@@ -156,6 +160,7 @@ class Engine:
         if training:
             self._step = step
             self._recording_step = on_schedule(step, 1, self.schedule)
+            self._hooks.switch(self._recording_step)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
@@ -191,6 +196,7 @@ class Engine:
         """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
         for recorder in self._recorders:
             recorder.end_batch()
+        self._hooks.switch(False)
         self._close_step()
         self._steps_since_check += 1
         if self._steps_since_check >= self.check_every:
@@ -226,14 +232,14 @@ class Engine:
 
     def close(self) -> list[Finding]:
         """Remove every hook, read what is pending and run the rules a last time; returns new findings."""
-        self._hooks.remove()
+        self._hooks.clear()
         for recorder in self._recorders:
             recorder.close()
         return self.check()
 
     def fail(self) -> None:
         """Remove every hook after an error; the open windows are dropped."""
-        self._hooks.remove()
+        self._hooks.clear()
         for recorder in self._recorders:
             recorder.fail()
 
@@ -268,7 +274,22 @@ class Engine:
         ]
 
     def _record_rules(self, th: Thresholds) -> list[Finding]:
-        """The rules on the recorded statistics (those the schedule samples)."""
+        """The rules on the recorded statistics (those the schedule samples), run again only when the
+        histories changed since they last ran at ``th``: between two sparse records (most checks of the
+        default schedule) they would find the same."""
+        basis = (
+            self.activations.version,
+            self.gradients.version,
+            self._saturation_version,
+            id(self.optimizer),
+        )
+        if basis != self._rules_basis:
+            self._rules_basis, self._rules_memo = basis, {}
+        if th not in self._rules_memo:
+            self._rules_memo[th] = self._run_record_rules(th)
+        return self._rules_memo[th]
+
+    def _run_record_rules(self, th: Thresholds) -> list[Finding]:
         params = self.gradients.param_history
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
@@ -355,6 +376,7 @@ class Engine:
         self._printed = state["printed"]
         self.loss_history = _series_from_state(state["loss_history"])
         self.saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
+        self._saturation_version += 1
         self._steps_since_check = state["steps_since_check"]
         self.valid_phases = [tuple(phase) for phase in state.get("valid_phases", [])]
         rows = state.get("epoch_losses", torch.zeros(0, 4)).tolist()
@@ -366,8 +388,8 @@ class Engine:
     # ---- the engine's own statistics -----------------------------------------------------------------
 
     def _watch_saturation(self, model: nn.Module) -> None:
-        self._hooks.remove()
         margin = self.thresholds.saturation_margin
+        hooks = []
         for name, module in model.named_modules():
             kind = next((k for t, k in _SATURATING.items() if isinstance(module, t)), None)
             if kind is None:
@@ -375,7 +397,9 @@ class Engine:
             self._kinds[name] = kind
             self._saturation.setdefault(name, [])
             self.saturation_history.setdefault(name, [])
-            self._hooks.forward(module, self._saturation_hook(name, kind, margin))
+            hooks.append((module, self._saturation_hook(name, kind, margin)))
+        self._hooks.targets(hooks)
+        self._hooks.switch(self._recording_step)
 
     def _saturation_hook(self, name: str, kind: str, margin: float) -> Callable:
         low, high = (-1.0 + margin, 1.0 - margin) if kind == "tanh" else (margin, 1.0 - margin)
@@ -410,6 +434,7 @@ class Engine:
             self.loss_history += [(step, float(v)) for (step, _), v in zip(losses, host.pop(0), strict=True)]
         for (name, step, _), share in zip(shares, host[: len(shares)], strict=True):
             self.saturation_history[name].append((step, float(share)))
+        self._saturation_version += bool(shares)
         for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
             self.valid_phases.append((step, batches, int(bad)))
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.hooks.handles import HookSet
+from hookscope.hooks.handles import HookSet, SwitchedHooks
 from hookscope.hooks.select import Spec, select
 from hookscope.hooks.stats import (
     DeviceStats,
@@ -244,7 +244,7 @@ class ActivationRecorder:
         self.training_of: TrainingOf = None
         # Which training steps are recorded: None, those on the interval; else the engine's schedule.
         self.schedule: Schedule = None
-        self._hooks = HookSet()
+        self._hooks = SwitchedHooks()  # on only while something is recorded: a step, a validation phase
         self._recording = False  # this training step is recorded
         self._training = False
         self._in_valid = False
@@ -252,6 +252,7 @@ class ActivationRecorder:
         self._train: LayerRecorder | None = None
         self._valid: LayerRecorder | None = None
         self._unread_steps = 0
+        self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
     def history(self) -> dict[str, list[StepStats]]:
@@ -283,6 +284,7 @@ class ActivationRecorder:
                 self.stride *= 2
             offset += len(batch)
         self._unread_steps = 0
+        self.version += 1
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -294,9 +296,9 @@ class ActivationRecorder:
             self._train = self._recorder(names)
             self._valid = self._recorder(names)
             self.stride = self.every
-        self._hooks.remove()
-        for name, module in layers:
-            self._hooks.forward(module, self._hook(name))
+            self.version += 1
+        self._hooks.targets([(module, self._hook(name)) for name, module in layers])
+        self._switch_hooks()
 
     def begin_batch(self, step: int, training: bool) -> None:
         """A batch starts; a training batch of ``step`` is recorded when ``step`` is on the interval."""
@@ -304,6 +306,7 @@ class ActivationRecorder:
         if training:
             self._step = step
             self._recording = on_schedule(step, self.stride, self.schedule)
+            self._switch_hooks()
 
     def end_batch(self) -> None:
         """The training step ends: its statistics become one pending record."""
@@ -312,6 +315,7 @@ class ActivationRecorder:
         assert self._train is not None
         self._train.close_window(self._step)
         self._recording = False
+        self._switch_hooks()
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
             self.flush()
@@ -324,22 +328,24 @@ class ActivationRecorder:
     def begin_valid(self) -> None:
         self._in_valid = self.include_valid
         self._training = False
+        self._switch_hooks()
 
     def end_valid(self, step: int) -> None:
         """The validation phase ends: one record, keyed by the training step it followed."""
         if self._in_valid and self._valid is not None:
             self._valid.close_window(step)
         self._in_valid = False
+        self._switch_hooks()
 
     def close(self) -> None:
         """Remove the hooks and read everything pending."""
-        self._hooks.remove()
+        self._hooks.clear()
         self._recording = self._in_valid = False
         self.flush()
 
     def fail(self) -> None:
         """Remove the hooks after an error; the open windows are dropped, the history kept."""
-        self._hooks.remove()
+        self._hooks.clear()
         self._recording = self._in_valid = False
         for recorder in (self._train, self._valid):
             if recorder is not None:
@@ -370,9 +376,14 @@ class ActivationRecorder:
         self._valid.load(state["valid_history"])
         self.stride = state["stride"]
         self._unread_steps = 0
+        self.version += 1
 
     def _recorder(self, names: list[str]) -> LayerRecorder:
         return LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
+
+    def _switch_hooks(self) -> None:
+        """Hooks on while a training step or a validation phase is recorded, off in between."""
+        self._hooks.switch(self._recording or self._in_valid)
 
     def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
         def record(module: nn.Module, args: Any, output: Any) -> None:
@@ -419,7 +430,7 @@ class GradientRecorder:
         self.training_of: TrainingOf = None
         # Which training steps are recorded: None, those on the interval; else the engine's schedule.
         self.schedule: Schedule = None
-        self._hooks = HookSet()
+        self._hooks = SwitchedHooks()  # on only during recorded steps
         self._grad_hooks = HookSet()  # tensor hooks of the current step, removed when it ends
         self._recording = False
         self._training = False
@@ -432,6 +443,7 @@ class GradientRecorder:
         self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
         self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
         self._unread_steps = 0
+        self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
     def history(self) -> dict[str, list[StepStats]]:
@@ -463,6 +475,7 @@ class GradientRecorder:
         if thinned_now:
             self.stride *= 2
         self._unread_steps = 0
+        self.version += 1
 
     def _store_params(self, step: int, has_grad: list[bool], norms: Any, ratios: Any) -> None:
         norm_iter = iter(norms if norms is not None else ())
@@ -483,17 +496,19 @@ class GradientRecorder:
             self._param_history = {name: [] for name in names}
             self._pending = []
             self.stride = self.every
+            self.version += 1
         self._params = [p for _, p in named]
         self._ratio = UpdateRatio(self._params) if self.update_ratio else None
-        self._hooks.remove()
+        self._hooks.clear()
         if not self.output_grads:
             return
         layers = select(model, self.spec)
         layer_names = [name for name, _ in layers]
         if self._layers is None or list(self._layers.stats) != layer_names:
             self._layers = LayerRecorder(layer_names, self.bins, self.range, self.sample, self.max_history)
-        for name, module in layers:
-            self._hooks.forward(module, self._hook(name))
+            self.version += 1
+        self._hooks.targets([(module, self._hook(name)) for name, module in layers])
+        self._hooks.switch(self._recording)
 
     def begin_batch(self, step: int, training: bool) -> None:
         """A batch starts; a training batch of ``step`` is recorded when ``step`` is on the interval."""
@@ -502,6 +517,7 @@ class GradientRecorder:
             return
         self._step = step
         self._recording = on_schedule(step, self.stride, self.schedule)
+        self._hooks.switch(self._recording)
         self._step_norms = None
 
     def gradients_ready(self) -> None:
@@ -545,6 +561,7 @@ class GradientRecorder:
         if self._layers is not None:
             self._layers.close_window(self._step)
         self._recording = False
+        self._hooks.switch(False)
         self._step_norms = None
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
@@ -589,6 +606,7 @@ class GradientRecorder:
         self._pending = []
         self.stride = state["stride"]
         self._unread_steps = 0
+        self.version += 1
         if "layers" in state:
             self._layers = LayerRecorder(
                 state["layers"], self.bins, self.range, self.sample, self.max_history
@@ -596,7 +614,7 @@ class GradientRecorder:
             self._layers.load(state["history"])
 
     def _teardown(self) -> None:
-        self._hooks.remove()
+        self._hooks.clear()
         self._grad_hooks.remove()
         self._recording = False
 
