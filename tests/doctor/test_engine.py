@@ -155,3 +155,26 @@ def test_the_guard_sums_a_loss_of_several_values_without_overflow_and_keeps_an_u
     assert restored.decide(model.parameters(), torch.device("cpu")) == "activation"
     check.detach()
 
+
+def test_a_flatten_is_no_layer_of_units_but_a_dead_relu_before_it_is_still_named():
+    """Inputs that are 0 outside a central 2x2 patch: after a 3x3 conv without bias, 48 of the 64
+    positions of every channel are 0 for every example — dead "units" of the Flatten, while every channel
+    of the ReLU is alive."""
+    x = torch.zeros(32, 1, 8, 8)
+    x[:, :, 3:5, 3:5] = torch.rand(32, 1, 2, 2, generator=torch.Generator().manual_seed(0)) + 0.5
+
+    def dead_units(sign):
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.ReLU(), nn.Flatten(), nn.Linear(256, 4)
+        )
+        with torch.no_grad():
+            model[0].weight.copy_(sign * model[0].weight.abs())
+        engine = Engine(check_every=2, quiet=True)
+        engine.attach(model)
+        _feed(engine, model, steps=4, x=x)
+        engine.close()
+        return [f.module for f in engine.findings if f.kind == "dead_units"]
+
+    assert dead_units(+1) == []
+    assert dead_units(-1) == ["1"]

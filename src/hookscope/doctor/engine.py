@@ -38,6 +38,7 @@ from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
 
+_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
 _SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
 ONCE_PER_RUN = frozenset(
@@ -122,6 +123,7 @@ class Engine:
         self._steps_since_check = 0
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
+        self._reshapes: set[str] = set()
         # The record rules' findings per Thresholds, valid while the histories they read stay unchanged.
         self._rules_memo: dict[Thresholds, list[Finding]] = {}
         self._rules_basis: tuple[int, ...] = ()
@@ -143,6 +145,7 @@ class Engine:
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
+        self._reshapes = {name for name, m in model.named_modules() if isinstance(m, _RESHAPES)}
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
             if not p.requires_grad:
@@ -295,12 +298,18 @@ class Engine:
         return [
             *rules.exploding_gradient(layer_norms, self.gradients.history, th),
             *rules.vanishing_gradient(layer_rms, th),
-            *rules.dead_units(self.activations.history, th),
+            *rules.dead_units(self._unit_layers(), th),
             *rules.saturation(self.saturation_history, self._kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, self._matrices, th),
             *rules.not_updated(params, self._param_groups(), th),
         ]
+
+    def _unit_layers(self) -> dict[str, list[Any]]:
+        """The activation histories of layers whose units can die: not a Flatten or other pure reshape,
+        whose "units" are a channel's positions (a position that is 0 across a batch is no dead unit)."""
+        history = self.activations.history
+        return {name: records for name, records in history.items() if name not in self._reshapes}
 
     def _suspicious(self) -> bool:
         """A condition holds on the latest record that has not held for ``patience`` records yet (the
