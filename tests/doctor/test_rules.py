@@ -3,10 +3,13 @@
 import math
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hookscope.doctor.findings import Thresholds
 from hookscope.doctor.records import ParamRecord, StepStats
 from hookscope.doctor.rules import (
+    DivergenceScan,
     dead_units,
     exploding_gradient,
     loss_divergence,
@@ -48,6 +51,36 @@ def test_loss_divergence_ignores_noise_and_names_the_step_it_took_off():
     (finding,) = loss_divergence(rising, TH)
     assert finding.kind == "loss_divergence" and finding.step == 7
     assert loss_divergence([(0, 1.0), (1, math.nan)] * 4, TH) == []  # NaN is the guard's business
+
+
+def _first_divergence(values, window=3, factor=4.0):
+    """The rule's definition, written plainly over the whole history: the step of the first smoothed
+    loss above ``factor`` x the best smoothed loss until then and above the first one."""
+    if len(values) < 2 * window or not all(math.isfinite(v) for v in values):
+        return None
+    means = [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]
+    for i, mean in enumerate(means):
+        if mean > factor * min(means[: i + 1]) and mean > means[0]:
+            return i + window - 1
+    return None
+
+
+# a few levels far apart, so that falls, rises and starts above the best are common; now and then NaN/Inf
+losses = st.lists(
+    st.sampled_from([0.1, 1.0, 2.0, 3.0, 8.0, 30.0, math.inf, math.nan]) | st.floats(0, 100), max_size=40
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(losses, st.lists(st.integers(1, 7), max_size=10))
+def test_the_divergence_scan_fed_piece_by_piece_finds_the_first_divergence_of_the_whole_history(values, cuts):
+    history, scan, end = [], DivergenceScan(TH.loss_window, TH.divergence_factor), 0
+    for cut in [*cuts, len(values)]:  # a check after each piece of the history
+        history += [(step, v) for step, v in enumerate(values[end : end + cut], start=end)]
+        end = len(history)
+        scan.update(history)
+        expected = _first_divergence([v for _, v in history])
+        assert [f.step for f in scan.findings()] == ([] if expected is None else [expected])
 
 
 def test_exploding_growth_is_searched_from_the_loss_backwards():

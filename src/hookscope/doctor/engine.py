@@ -128,6 +128,9 @@ class Engine:
         self._rules_memo: dict[Thresholds, list[Finding]] = {}
         self._rules_basis: tuple[int, ...] = ()
         self._saturation_version = 0
+        # The loss rules' state: a divergence scan per (window, factor); the stall rule's last result.
+        self._scans: dict[tuple[int, float], rules.DivergenceScan] = {}
+        self._stall_memo: tuple[Thresholds, int, list[Finding]] | None = None
 
     @property
     def _recorders(self) -> list[ActivationRecorder | GradientRecorder]:
@@ -238,6 +241,7 @@ class Engine:
         self._hooks.clear()
         for recorder in self._recorders:
             recorder.close()
+        self._stall_memo = None  # the last check sees the whole history
         return self.check()
 
     def fail(self) -> None:
@@ -269,8 +273,8 @@ class Engine:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
         th = self.thresholds
         return [
-            *rules.loss_divergence(self.loss_history, th),
-            *rules.stalled_loss(self.loss_history, th),
+            *self._divergence(th),
+            *self._stalled(th),
             *rules.overfitting(self.epoch_losses, th),
             *self._record_rules(th),
             *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
@@ -305,6 +309,23 @@ class Engine:
             *rules.not_updated(params, self._param_groups(), th),
         ]
 
+    def _divergence(self, th: Thresholds) -> list[Finding]:
+        """``loss_divergence`` from a scan per (window, factor) that reads only the new losses."""
+        key = (th.loss_window, th.divergence_factor)
+        scan = self._scans.setdefault(key, rules.DivergenceScan(*key))
+        scan.update(self.loss_history)
+        return scan.findings()
+
+    def _stalled(self, th: Thresholds) -> list[Finding]:
+        """``plateau`` / ``oscillating_loss``, run again once the loss history grew by a 64th since the
+        last run (at every check for the first 640 steps): its windows are an eighth of the run long, so
+        this delays it by at most an eighth of a window, and a check's cost no longer grows with the run."""
+        n = len(self.loss_history)
+        last = self._stall_memo
+        if last is None or last[0] != th or n - last[1] >= max(1, last[1] // 64):
+            self._stall_memo = last = (th, n, rules.stalled_loss(self.loss_history, th))
+        return last[2]
+
     def _unit_layers(self) -> dict[str, list[Any]]:
         """The activation histories of layers whose units can die: not a Flatten or other pure reshape,
         whose "units" are a channel's positions (a position that is 0 across a batch is no dead unit)."""
@@ -317,7 +338,7 @@ class Engine:
         divergence factor: the schedule then records every step until a check finds nothing new."""
         th = self.thresholds
         early = replace(th, patience=1, divergence_factor=max(1.0, th.divergence_factor / 2))
-        found = [*self._record_rules(early), *rules.loss_divergence(self.loss_history, early)]
+        found = [*self._record_rules(early), *self._divergence(early)]
         return any(self._key(f) not in self._seen for f in found)
 
     def _param_groups(self) -> dict[str, tuple[int, float]] | None:
@@ -384,6 +405,7 @@ class Engine:
         self._seen = {(kind, module) for kind, module in state["seen"]}
         self._printed = state["printed"]
         self.loss_history = _series_from_state(state["loss_history"])
+        self._scans, self._stall_memo = {}, None
         self.saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
         self._saturation_version += 1
         self._steps_since_check = state["steps_since_check"]
