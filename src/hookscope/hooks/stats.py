@@ -253,7 +253,9 @@ def _norms(x: torch.Tensor) -> torch.Tensor:
         # waiting to be read stay small; the per-channel sums of squares stay float32-exact (~1e-7)
         return planes.square_().view(items, channels).sum(0).sqrt_()
     if x.dim() == 2:
-        return torch.linalg.vector_norm(x, dim=0)
+        # per column: vector_norm(x, dim=0) reduces across rows with strided reads, 6-13x slower on a CPU
+        # for (64, 1568) or (512, 768); both overflow alike (no scaling) and agree to ~1e-7
+        return x.square().sum(0).sqrt_()
     flat = x.view(-1)
     whole = flat.numel() - flat.numel() % _ROW
     rows = torch.linalg.vector_norm(flat[:whole].view(-1, _ROW), dim=1)
