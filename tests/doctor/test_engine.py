@@ -178,3 +178,19 @@ def test_a_flatten_is_no_layer_of_units_but_a_dead_relu_before_it_is_still_named
 
     assert dead_units(+1) == []
     assert dead_units(-1) == ["1"]
+
+
+def test_by_default_the_engine_watches_every_leaf_but_pure_reshapes():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Identity(), nn.Linear(72, 2))
+    x = torch.rand(32, 1, 8, 8)
+    engine = Engine(quiet=True)
+    engine.attach(model)
+    _feed(engine, model, steps=2, x=x)
+    engine.close()
+    assert list(engine.activations.history) == ["0", "1", "4"]
+    assert list(engine.gradients.history) == ["0", "1", "4"]
+    asked = Engine(select=["1", "2"], quiet=True)  # a Flatten named outright is watched
+    asked.attach(model)
+    _feed(asked, model, steps=2, x=x)
+    asked.close()
+    assert list(asked.activations.history) == ["1", "2"]

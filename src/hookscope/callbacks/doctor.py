@@ -45,11 +45,13 @@ class Doctor(Callback):
     frozen or never-updated parameters, update ratios, loss divergence, oscillation and plateaus,
     overfitting and NaN/Inf (with the blamed module and op).
 
-    ``select`` picks the layers watched (None: every leaf module). The per-layer statistics are the main
-    cost (about 1.4x a small CNN's step when taken at every step), so by default (``every=None``) they
-    follow the doctor's adaptive schedule (:class:`hookscope.doctor.schedule.Schedule`: every step of the
-    first 10, then every 50th, every step again while a check is suspicious), while the loss is kept at
-    every step; ``every=k`` records every k-th step instead. The rules run every ``check_every`` steps.
+    ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
+    statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's
+    step when taken at every step), so by default (``every=None``) they follow the doctor's adaptive
+    schedule (:class:`hookscope.doctor.schedule.Schedule`: every step of the first 10, then every 50th,
+    every step again while a check is suspicious), while the loss is kept at every step; ``every=k``
+    records every k-th step instead. Between recorded steps the Doctor's hooks are removed, not just idle.
+    The rules run every ``check_every`` steps.
     ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first non-finite loss or
     gradient, keeping the last good weights, and names the module and op that made it).
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.

@@ -31,14 +31,20 @@ from torch import nn
 
 from hookscope.doctor import rules
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.records import ActivationRecorder, GradientRecorder, TrainingOf, on_schedule
+from hookscope.doctor.records import (
+    RESHAPES,
+    ActivationRecorder,
+    GradientRecorder,
+    TrainingOf,
+    computing_leaves,
+    on_schedule,
+)
 from hookscope.doctor.schedule import Schedule
 from hookscope.hooks.handles import SwitchedHooks
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
 
-_RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
 _SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
 ONCE_PER_RUN = frozenset(
@@ -59,7 +65,8 @@ _SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 class Engine:
     """The doctor, loop-independent: statistics, rules, findings, deduplication and printing.
 
-    ``select`` picks the layers watched (None: every leaf module); statistics are taken every ``every``
+    ``select`` picks the layers watched (None: every leaf module but pure reshapes, see
+    :func:`~hookscope.doctor.records.computing_leaves`); statistics are taken every ``every``
     training steps — ``every=None``: on the adaptive :class:`~hookscope.doctor.schedule.Schedule` (every
     step at first, then sparsely, densely again while a check is suspicious) — and the rules run every
     ``check_every`` steps; the loss is kept at every step. ``quiet=True`` only collects findings;
@@ -87,6 +94,7 @@ class Engine:
                 "adaptive schedule) and check_every >= 1"
             )
         self.schedule = Schedule() if every is None else None
+        select = computing_leaves if select is None else select
         every = every or 1
         self.thresholds = thresholds or Thresholds()
         self.check_every, self.quiet, self.max_print = check_every, quiet, max_print
@@ -148,7 +156,7 @@ class Engine:
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
-        self._reshapes = {name for name, m in model.named_modules() if isinstance(m, _RESHAPES)}
+        self._reshapes = {name for name, m in model.named_modules() if isinstance(m, RESHAPES)}
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
             if not p.requires_grad:
