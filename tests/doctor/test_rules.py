@@ -99,6 +99,22 @@ def test_vanishing_names_the_earliest_layer_and_skips_exact_zeros():
     }
     (finding,) = vanishing_gradient(rms, TH)
     assert finding.module == "a" and finding.evidence["layers"] == ["a"]
+    dead_first = {"z": [(s, 0.0) for s in range(3)], **rms}  # a layer with no gradient at all comes first
+    assert vanishing_gradient(dead_first, TH)[0].module == "a"
+
+
+def test_a_small_gradient_only_in_the_middle_of_the_model_is_not_vanishing():
+    """The attention's query and key of a fresh transformer: tiny gradients between layers that learn."""
+    rms = {
+        "embed": [(s, 1e-2) for s in range(3)],
+        "query": [(s, 1e-8) for s in range(3)],
+        "value": [(s, 1e-2) for s in range(3)],
+        "head": [(s, 1.0) for s in range(3)],
+    }
+    assert vanishing_gradient(rms, TH) == []
+    rms["embed"] = [(s, 1e-9) for s in range(3)]  # the gradient also fails to reach the first layer
+    (finding,) = vanishing_gradient(rms, TH)
+    assert finding.module == "embed" and finding.evidence["layers"] == ["embed", "query"]
 
 
 def test_no_gradient_and_update_ratio_on_parameter_records():

@@ -47,3 +47,17 @@ def test_accumulated_steps_are_read_once_each_under_the_models_own_names(tmp_pat
     assert "bert.encoder.layer.0.attention.self.query" in watch.activations
     assert {f.module for f in callback.findings} <= set(watch.activations) | {""}  # HF's names, unchanged
     assert sum(len(m._forward_hooks) for m in bert.modules()) == 0
+
+
+def test_a_freshly_initialised_bert_gets_no_warning(tmp_path) -> None:
+    """Its attention is nearly uniform, so the query and key projections get ~1e-5 of the largest
+    layer's gradient while the layers around them learn: no vanishing gradient, which reaches the
+    first layers (issue 16: healthy models stay quiet)."""
+    bert = tiny_bert()
+    callback = HookscopeCallback(quiet=True, check_every=2)
+    args = hf_arguments(str(tmp_path), 8, 8, 5e-4)
+    Trainer(model=bert, args=args, train_dataset=examples(64), callbacks=[callback]).train()
+    query = callback.watch.param_history["bert.encoder.layer.0.attention.self.query.weight"][-1].grad_norm
+    largest = max(r[-1].grad_norm for r in callback.watch.param_history.values())
+    assert query < 1e-3 * largest  # the small gradient is there
+    assert callback.findings == []

@@ -145,16 +145,26 @@ def exploding_gradient(
 
 
 def vanishing_gradient(layer_rms: dict[str, list[tuple[int, float]]], th: Thresholds) -> list[Finding]:
-    """Layers (reported by the earliest) whose gradient RMS stays below ``vanishing_ratio`` x the largest."""
+    """Layers (reported by the earliest) whose gradient RMS stays below ``vanishing_ratio`` x the largest,
+    when the earliest layer of the model that gets any gradient (``layer_rms`` is in model order; exact
+    zeros are left to ``dead_units`` and ``no_gradient``) is one of them.
+
+    A gradient that vanishes on its way back reaches every layer before that point too, so the first layer
+    is always among them; a layer small on its own is not this fault (the query and key projections of a
+    freshly initialised transformer, whose nearly uniform attention passes them ~1e-5 of the largest
+    layer's gradient while the layers around them learn).
+    """
     steps = min((len(r) for r in layer_rms.values()), default=0)
     if steps < th.patience or len(layer_rms) < 2:
         return []
-    vanishing: list[str] = []
-    for name, records in layer_rms.items():
-        recent = range(-th.patience, 0)
-        if all(0.0 < records[k][1] < th.vanishing_ratio * _largest(layer_rms, k) for k in recent):
-            vanishing.append(name)
-    if not vanishing:
+    recent = range(-th.patience, 0)
+    flowing = [name for name, records in layer_rms.items() if all(records[k][1] > 0.0 for k in recent)]
+    vanishing = [
+        name
+        for name in flowing
+        if all(layer_rms[name][k][1] < th.vanishing_ratio * _largest(layer_rms, k) for k in recent)
+    ]
+    if not vanishing or vanishing[0] != flowing[0]:
         return []
     first = vanishing[0]
     since = layer_rms[first][-th.patience][0]
