@@ -2,7 +2,8 @@
 
 Three loops on the small CNN of ``stats_overhead.py`` (two 3x3 convs on 1x28x28, batch 64, AdamW at 1e-3,
 in-memory tensors, one thread), each bare and watched with the same settings — every leaf module, statistics
-every step, rules every 10 steps, no guard (``hs.watch``'s defaults):
+every step (as ``wandb.watch(log_freq=1)``; the defaults record on the Doctor's sparse schedule), rules
+every 10 steps, no guard:
 
 - a hand-written loop: bare, under ``hs.watch(model, opt)``, and under ``wandb.watch(model, log="all",
   log_freq=1)`` in offline mode with ``wandb.log({"loss": ...})`` each step (what a W&B user writes);
@@ -37,7 +38,7 @@ from stats_overhead import loaders, small_cnn
 import hookscope as hs
 
 LR = 1e-3
-WATCH = {"every": 1, "check_every": 10, "quiet": True}  # hs.watch's defaults, spelled out for the Doctor
+WATCH = {"every": 1, "check_every": 10, "quiet": True}  # the same settings for every adapter
 
 
 def plain(steps: int, clock: Callable[[], float], watcher: str | None = None) -> float:

@@ -124,14 +124,19 @@ def test_the_nonfinite_finding_matches_the_doctors():
     assert found.evidence["op"] == expected.evidence["op"] == "aten.log"
 
 
-def test_a_healthy_model_gives_no_finding_and_records_every_step():
+def test_a_healthy_model_gives_no_finding_and_is_recorded_on_the_doctors_schedule_or_every_step():
     torch.manual_seed(0)
     w = _plain_loop(mlp(depth=3), steps=23)
     assert w.findings == []
     assert w.step == 23
-    assert [r.step for r in w.activations["0"]] == list(range(23))
-    assert [r.step for r in w.param_history["0.weight"]] == list(range(23))
+    assert [r.step for r in w.activations["0"]] == list(range(10))  # the warm-up; then every 50th step
+    assert [r.step for r in w.param_history["0.weight"]] == list(range(10))
     assert set(w.gradients) == set(w.activations) == {"0", "1", "2", "3", "4"}  # every leaf
+    torch.manual_seed(0)
+    every = _plain_loop(mlp(depth=3), steps=23, every=1)
+    assert every.findings == []
+    assert [r.step for r in every.activations["0"]] == list(range(23))
+    assert [r.step for r in every.param_history["0.weight"]] == list(range(23))
 
 
 def test_gradient_accumulation_counts_one_step_per_optimizer_step():

@@ -69,7 +69,7 @@ class NonFiniteError(RuntimeError):
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Watch:
     """Watch ``model`` while a hand-written loop trains it: ``hs.watch(model, opt, doctor=True, stats=True,
-    guard=False, select=None, every=1, check_every=10, thresholds=None, quiet=False, report=None)``; the
+    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, report=None)``; the
     options are keyword-only, see :class:`Watch`."""
     return Watch(model, optimizer, **options)
 
@@ -81,8 +81,10 @@ class Watch:
     ``stats``: record the per-layer statistics (``activations``, ``gradients``, ``param_history``), which
     the doctor reads; ``guard``: check every step for NaN/Inf and raise :class:`NonFiniteError` before a
     bad update lands. ``select``, ``every``, ``check_every``, ``thresholds`` and ``quiet`` mean what they
-    mean for ``hs.callbacks.Doctor``. ``report``: a folder that receives, at close, the run folder and
-    ``report.html`` a Learner's ``RunFolder`` writes (an existing run there is refused, as by RunFolder).
+    mean for ``hs.callbacks.Doctor``: by default (``every=None``) the per-layer statistics follow the same
+    adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step. ``report``: a
+    folder that receives, at close, the run folder and ``report.html`` a Learner's ``RunFolder`` writes
+    (an existing run there is refused, as by RunFolder).
     """
 
     def __init__(
@@ -94,7 +96,7 @@ class Watch:
         stats: bool = True,
         guard: bool = False,
         select: Spec = None,
-        every: int = 1,
+        every: int | None = None,
         check_every: int = 10,
         thresholds: Thresholds | None = None,
         quiet: bool = False,

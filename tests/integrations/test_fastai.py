@@ -26,7 +26,7 @@ def test_gradient_accumulation_reads_gradients_once_per_optimizer_step() -> None
         loss_func=nn.CrossEntropyLoss(),
         opt_func=partial(OptimWrapper, opt=torch.optim.AdamW),
         lr=1e-3,
-        cbs=[HookscopeCallback(quiet=True, check_every=3), GradientAccumulation(n_acc=128)],
+        cbs=[HookscopeCallback(quiet=True, check_every=3, every=1), GradientAccumulation(n_acc=128)],
     )
     with learn.no_bar(), learn.no_logging():
         learn.fit(1)
