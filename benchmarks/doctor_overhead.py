@@ -13,6 +13,10 @@ The Doctor's defaults take the per-layer statistics on an adaptive schedule (eve
 cost depends on the fit's length: the table says how many steps were timed. AdamW(lr=1e-3), in-memory
 tensors, CPU, one thread; an epoch ends with one validation batch. Target: ``Doctor()`` at most 1.05x.
 
+A third table times one check of the engine (the rules every ``check_every`` = 10 steps) late in a long
+run: an engine holding a synthetic loss history of 1,000 / 10,000 / 100,000 steps, fed 10 new losses per
+check, as in training, over 200 checks (enough to include the stall rule's runs, every 64th of the run).
+
     python benchmarks/doctor_overhead.py --clock cpu   # full run (CPU time: steadier on a busy machine)
     python benchmarks/doctor_overhead.py --quick       # smoke test
 """
@@ -83,6 +87,26 @@ def measure(
     return ratios
 
 
+def check_cost(lengths: tuple[int, ...], checks: int, clock: Callable[[], float]) -> None:
+    """Print the time of one engine check at each loss-history length (10 new losses per check)."""
+    from hookscope.doctor.engine import Engine
+
+    print(f"One Doctor check late in a run (10 new losses per check, {checks} checks, {clock.__name__}):")
+    gen = torch.Generator().manual_seed(0)
+    for n in lengths:
+        engine = Engine(every=None, quiet=True)
+        engine.attach(nn.Sequential(nn.Linear(4, 4)))
+        noise = torch.rand(n + 10 * checks, generator=gen).tolist()
+        engine.loss_history = [(i, 2.0 * 0.99995**i + 0.1 * noise[i]) for i in range(n)]
+        engine.check()
+        start = clock()
+        for c in range(checks):
+            engine.loss_history += [(i, 1.0 + 0.1 * noise[i]) for i in range(n + 10 * c, n + 10 * c + 10)]
+            engine.check()
+        per_check = (clock() - start) / checks
+        print(f"  at step {n:>7,}: {per_check * 1e3:7.3f} ms per check, {per_check * 1e5:6.2f} us per step")
+
+
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
     cnn_steps, resnet_steps, rounds = (20, 4, 1) if args.quick else (300, 100, args.rounds)
@@ -109,6 +133,7 @@ def main() -> None:
         rounds,
         warmup=[partial(warm, None), partial(warm, {})],
     )
+    check_cost((1_000, 10_000, 100_000), 5 if args.quick else 200, clock)
 
 
 if __name__ == "__main__":
