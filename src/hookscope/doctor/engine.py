@@ -157,6 +157,7 @@ class Engine:
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
         self._reshapes = {name for name, m in model.named_modules() if isinstance(m, RESHAPES)}
+        self._rules_basis = ()  # sizes and layer kinds are the new model's: the record rules run again
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
             if not p.requires_grad:
@@ -473,7 +474,8 @@ class Engine:
             self.loss_history += [(step, float(v)) for (step, _), v in zip(losses, host.pop(0), strict=True)]
         for (name, step, _), share in zip(shares, host[: len(shares)], strict=True):
             self.saturation_history[name].append((step, float(share)))
-        self._saturation_version += bool(shares)
+        if shares:
+            self._saturation_version += 1
         for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
             self.valid_phases.append((step, batches, int(bad)))
 

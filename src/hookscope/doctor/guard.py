@@ -6,6 +6,7 @@ module output are kept on the device as 0-d tensors, each finite exactly when wh
 in float64 and reads that ONE number to the host, just before the optimizer step: four small ops and a
 read per step, whatever the number of layers. Only when it is not finite does it look at which kind
 failed.
+
 What a loop does with a "no" differs: the Learner's ``NonFiniteGuard`` rolls the buffers back and cancels
 the fit, ``hs.watch`` raises :class:`~hookscope.watching.NonFiniteError` from the optimizer's step
 pre-hook (so the step never runs).
