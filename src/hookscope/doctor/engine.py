@@ -119,7 +119,8 @@ class Engine:
         self._recording_step = True  # saturation follows the schedule
         self._seen: set[tuple[str, str]] = set()
         self._printed = 0
-        self._hooks = SwitchedHooks()  # saturation: on only during recorded training steps
+        self._hooks = SwitchedHooks()  # saturation: on only during recorded training steps (switched
+        # when a step starts, so consecutive recorded steps keep them)
         self._training = self._in_valid = False
         self._step = 0
         self._saturation: dict[str, list[torch.Tensor]] = {}
@@ -211,7 +212,6 @@ class Engine:
         """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
         for recorder in self._recorders:
             recorder.end_batch()
-        self._hooks.switch(False)
         self._close_step()
         self._steps_since_check += 1
         if self._steps_since_check >= self.check_every:

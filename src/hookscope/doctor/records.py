@@ -326,7 +326,6 @@ class ActivationRecorder:
         assert self._train is not None
         self._train.close_window(self._step)
         self._recording = False
-        self._switch_hooks()
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
             self.flush()
@@ -393,7 +392,9 @@ class ActivationRecorder:
         return LayerRecorder(names, self.bins, self.range, self.sample, self.max_history)
 
     def _switch_hooks(self) -> None:
-        """Hooks on while a training step or a validation phase is recorded, off in between."""
+        """Hooks on while a training step or a validation phase is recorded, off in between. Only the
+        start of a step or a phase switches them (not its end), so consecutive recorded steps keep them
+        registered (``every=1`` registers them once a phase)."""
         self._hooks.switch(self._recording or self._in_valid)
 
     def _hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
@@ -441,7 +442,7 @@ class GradientRecorder:
         self.training_of: TrainingOf = None
         # Which training steps are recorded: None, those on the interval; else the engine's schedule.
         self.schedule: Schedule = None
-        self._hooks = SwitchedHooks()  # on only during recorded steps
+        self._hooks = SwitchedHooks()  # on only during recorded steps (switched when a step starts)
         self._grad_hooks = HookSet()  # tensor hooks of the current step, removed when it ends
         self._recording = False
         self._training = False
@@ -572,7 +573,6 @@ class GradientRecorder:
         if self._layers is not None:
             self._layers.close_window(self._step)
         self._recording = False
-        self._hooks.switch(False)
         self._step_norms = None
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
