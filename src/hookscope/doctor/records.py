@@ -4,7 +4,9 @@ Loop-independent: a recorder is attached to a model and fed explicit calls (a ba
 are final, the optimizer stepped, the step ends, a validation phase starts/ends). The Learner's
 ``ActivationStats`` / ``GradientStats`` callbacks and ``hs.watch`` are adapters that make those calls.
 
-Hooks update :class:`~hookscope.hooks.stats.RunningStats` on the device; at the end of each recorded step
+Hooks update :class:`~hookscope.hooks.stats.RunningStats` on the device. They are registered only while
+a step or a validation phase is recorded (:class:`~hookscope.hooks.handles.SwitchedHooks`): on the 49
+steps of 50 the doctor's schedule skips, the model runs without them. At the end of each recorded step
 the recorder keeps a device snapshot per layer, and every ``read_every`` steps (or when someone reads
 ``history``) all pending snapshots are copied to the host in one transfer (:meth:`flush`, the one place
 where a recorder's device statistics reach the host). Everything is keyed by the qualified module (or
