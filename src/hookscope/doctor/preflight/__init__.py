@@ -4,8 +4,8 @@ They follow Karpathy's "A Recipe for Training Neural Networks" (verify the loss 
 one batch, check that samples do not mix, look at the data's scale) and the program checks of UMLAUT and
 DeepDiagnosis (inputs not normalised, an output activation the loss applies again, outputs that cannot
 reach the targets). Each check returns :class:`~hookscope.doctor.findings.Finding` objects of one kind:
-``label_problem``, ``output_loss_mismatch``, ``input_scale``, ``batch_mixing``, ``init_loss`` and
-``cannot_overfit``.
+``label_problem``, ``output_loss_mismatch``, ``input_scale``, ``batch_mixing``, ``init_loss``,
+``cannot_overfit`` and, when the data has a validation part, ``train_valid_overlap``.
 
 Nothing the user holds changes: the checks run on a deep copy of the model (so its parameters and its
 BatchNorm running statistics stay as they were), and torch's, numpy's and Python's random states, as well
@@ -22,6 +22,8 @@ The checks, one module per concept:
 - :mod:`.mixing`: ``batch_mixing``, samples that mix across the batch dimension in training mode;
 - :mod:`.loss`: which loss family the loss function is and what chance gives, ``init_loss`` and
   ``cannot_overfit``;
+- :mod:`.overlap`: ``train_valid_overlap``, validation samples that are also training samples (exact
+  copies of their inputs, hashed on at most 10,000 samples of each side);
 - :mod:`.random_state`: torch's, numpy's, Python's and the loader's generators restored afterwards.
 """
 
@@ -48,6 +50,7 @@ from hookscope.doctor.preflight.loss import (
 )
 from hookscope.doctor.preflight.mixing import batch_mixing
 from hookscope.doctor.preflight.outputs import label_problem, output_loss_mismatch
+from hookscope.doctor.preflight.overlap import train_valid_overlap
 from hookscope.doctor.preflight.probe import batched, run_probe, split_batch
 from hookscope.doctor.preflight.random_state import random_state_kept
 from hookscope.hooks.tensors import map_tensors, model_device
@@ -68,9 +71,10 @@ def preflight(
     """Check ``model``, ``data`` and ``loss_func`` before training; return the problems found.
 
     ``data`` is a DataLoader, an ``hs.DataLoaders`` or ``(train, valid)`` pair (the training loader is
-    used) or one ``(inputs, targets)`` batch. The overfitting check trains a copy for at most ``steps``
-    steps (default 300) with ``opt_func`` (default Adam) at ``lr`` (default 1e-3). The model, its
-    BatchNorm statistics and every random generator are left as they were.
+    used, and compared with the validation one for samples in both) or one ``(inputs, targets)`` batch.
+    The overfitting check trains a copy for at most ``steps`` steps (default 300) with ``opt_func``
+    (default Adam) at ``lr`` (default 1e-3). The model, its BatchNorm statistics and every random
+    generator are left as they were.
     """
     steps = OVERFIT_STEPS if steps is None else steps
     lr = OVERFIT_LR if lr is None else lr
@@ -87,7 +91,8 @@ def preflight(
         device = model_device(model)
         inputs, target = split_batch(map_tensors(lambda t: t.to(device), batches[0]))
         net = copy.deepcopy(model).train()
-        return _check(net, inputs, target, batches, loss_func, opt_func, lr, steps)
+        findings = _check(net, inputs, target, batches, loss_func, opt_func, lr, steps)
+    return findings + train_valid_overlap(loader, validation_loader(data))
 
 
 def training_loader(data: Any, caller: str) -> Any:
@@ -105,6 +110,16 @@ def training_loader(data: Any, caller: str) -> Any:
         f"{caller}: data of type {type(data).__name__} is not a DataLoader, a (train, valid) pair or an "
         "(inputs, targets) batch; pass one of these"
     )
+
+
+def validation_loader(data: Any) -> Any:
+    """The validation batches in ``data``: the ``valid`` loader of an ``hs.DataLoaders`` or a ``(train,
+    valid)`` pair of loaders; None when there is none (a lone loader or batch)."""
+    if hasattr(data, "train") and hasattr(data, "valid"):
+        return data.valid
+    if isinstance(data, tuple | list) and len(data) == 2 and not isinstance(data[0], torch.Tensor):
+        return data[1] if hasattr(data[0], "__iter__") else None
+    return None
 
 
 def _check(
