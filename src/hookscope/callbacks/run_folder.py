@@ -36,7 +36,7 @@ from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.callbacks.pruning import Pruning
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.records import ActivationRecorder, GradientRecorder, StepStats
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
@@ -44,7 +44,6 @@ from hookscope.staged_folder import CONFIG, StagedFolder, read_json
 from hookscope.train.callback import Callback, flatten
 from hookscope.train.learner import split_batch
 
-SEVERITY_RANK = {"error": 2, "warning": 1, "info": 0}
 KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
 
 
@@ -352,11 +351,6 @@ def _report(folder: Path) -> None:
     from hookscope.viz.report import write_report
 
     write_report(folder)
-
-
-def ranked(findings: list[Finding]) -> list[Finding]:
-    """``findings`` most severe first, then by step: the order of findings.json and of the CLI's list."""
-    return sorted(findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.step))
 
 
 def summary_record(table: Summary) -> dict[str, Any]:
