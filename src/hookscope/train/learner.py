@@ -39,6 +39,7 @@ from hookscope.train.events import (
     CancelTrainException,
     CancelValidException,
 )
+from hookscope.train.recorder import Recorder
 
 if TYPE_CHECKING:
     from hookscope.callbacks.lr_finder import LRFindResult
@@ -52,8 +53,8 @@ class Learner:
     loss_grad, loss``, plus ``training_step`` (optimizer steps taken) and ``device``. ``xb`` and ``yb`` are
     tuples: ``pred = model(*xb)``, ``loss_grad = loss_func(pred, *yb)``. A batch is split into
     ``xb = batch[:-1]`` and ``yb = batch[-1:]`` (a lone tensor is an input with no target).
-    ``valid_record`` holds the loss and metrics of the latest validation phase as device tensors (the
-    Recorder writes it; :meth:`validate` reads it).
+    ``valid_record`` holds the loss and metrics of the latest validation phase as device tensors: the
+    Recorder writes it at ``after_validate``, and :meth:`validate` reads it (see there).
 
     The default callbacks (a Recorder, and a ProgressBar when stdout is a terminal) are added unless
     ``cbs`` holds one of the same type; ``progress=False`` leaves the bar out.
@@ -381,15 +382,17 @@ class Learner:
     def validate(self, dl: Any = None) -> dict[str, float]:
         """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics.
 
-        The numbers are those a callback (the Recorder) put in ``valid_record``, read in one transfer.
+        The Recorder measures them and writes them to ``valid_record`` at ``after_validate``; they are read
+        here in one transfer. A Learner whose Recorder was removed gets one for this call only.
         """
         dl = self._eval_loader(dl, "validate")
-        self.valid_record = {}
-        self._run(lambda: self._phase(dl, training=False), None, None)
-        if not self.valid_record:
-            raise RuntimeError(
-                "Learner.validate: no callback recorded the validation loss; keep the Recorder in cbs"
-            )
+        added = [] if any(isinstance(cb, Recorder) for cb in self.cbs) else [Recorder()]
+        self.add_cbs(added)
+        try:
+            self.valid_record = {}
+            self._run(lambda: self._phase(dl, training=False), None, None)
+        finally:
+            self.remove_cbs(added)
         names = list(self.valid_record)
         values = torch.stack([self.valid_record[n].float() for n in names]).tolist()
         return dict(zip(names, values, strict=True))
@@ -595,7 +598,6 @@ def _default_callbacks(progress: bool | None) -> list[Callback]:
     """A Recorder, and a ProgressBar when ``progress`` (default: stdout is a terminal)."""
     # Imported here: the loop (train/) must not depend on the callback catalogue at import time.
     from hookscope.callbacks.progress import ProgressBar, stdout_is_interactive
-    from hookscope.callbacks.recorder import Recorder
 
     show_bar = stdout_is_interactive() if progress is None else progress
     return [Recorder()] + ([ProgressBar()] if show_bar else [])
