@@ -411,6 +411,20 @@ def test_hooks_and_doctor_import_no_higher_layer_at_any_level() -> None:
     assert not violations, "imports against the layering (any level):\n" + "\n".join(violations)
 
 
+def test_the_loop_names_the_callback_catalogue_in_one_place() -> None:
+    """train/ reaches callbacks/ through one import, in ``Learner``'s ``_catalogue()`` (its convenience
+    methods: see the docstring of train/learner.py)."""
+    found = []
+    for path in sorted((PACKAGE_DIR / "train").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        statements = import_statements(tree, module_name(path), path.name == "__init__.py", in_functions=True)
+        for line, base, names in statements:
+            if any(is_under(m, "hookscope.callbacks") for m in (base, *(f"{base}.{n}" for n in names))):
+                found.append(f"{path.relative_to(SRC_DIR.parent)}:{line}")
+    assert len(found) == 1, f"train/ imports callbacks/ at: {found}"
+    assert found[0].startswith("src/hookscope/train/learner.py:")
+
+
 def test_the_import_graph_counts_imports_in_functions_and_resolves_submodules() -> None:
     source = textwrap.dedent(
         """

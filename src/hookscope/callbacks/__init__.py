@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from hookscope.callbacks.early_stopping import EarlyStopping
     from hookscope.callbacks.guard import NonFiniteGuard
     from hookscope.callbacks.loggers import CSVLogger, MetricsLogger
-    from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
+    from hookscope.callbacks.lr_finder import LRFinder, LRFindResult, find_lr
     from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
     from hookscope.callbacks.precision import MixedPrecision
     from hookscope.callbacks.progress import ProgressBar
@@ -66,6 +66,7 @@ __all__ = [
     "TensorBoardCallback",
     "WandbCallback",
     "combine_scheds",
+    "find_lr",
     "sched_const",
     "sched_cos",
     "sched_exp",
@@ -93,6 +94,7 @@ __getattr__, __dir__ = lazy_exports(
         "WandbCallback": _TRACKERS,
         "LRFinder": "hookscope.callbacks.lr_finder",
         "LRFindResult": "hookscope.callbacks.lr_finder",
+        "find_lr": "hookscope.callbacks.lr_finder",
         "ActivationStats": _MONITOR,
         "GradientStats": _MONITOR,
         "ParamRecord": _MONITOR,
