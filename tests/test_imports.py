@@ -235,27 +235,27 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def module_level_imports(tree: ast.Module, name: str, is_package: bool) -> list[tuple[int, str]]:
-    """``(line, imported module)`` for the imports that run when the module is imported.
-
-    Function bodies and ``if TYPE_CHECKING:`` blocks are skipped; ``from a import b`` yields ``a.b`` (``b``
-    may be a submodule) as well as ``a``; relative imports are made absolute.
+def import_statements(
+    tree: ast.Module, name: str, is_package: bool, *, in_functions: bool
+) -> list[tuple[int, str, tuple[str, ...]]]:
+    """``(line, module, names)`` for each import of module ``name``: ``from a import b, c`` gives
+    ``(line, "a", ("b", "c"))``, ``import a.b`` gives ``(line, "a.b", ())``; relative imports are made
+    absolute. ``if TYPE_CHECKING:`` blocks are skipped, function bodies unless ``in_functions``.
     """
     package = name if is_package else name.rpartition(".")[0]
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, str, tuple[str, ...]]] = []
 
     def visit(statements: list[ast.stmt]) -> None:
         for node in statements:
             if isinstance(node, ast.Import):
-                found.extend((node.lineno, alias.name) for alias in node.names)
+                found.extend((node.lineno, alias.name, ()) for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                found.append((node.lineno, base))
-                found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                found.append((node.lineno, base, tuple(alias.name for alias in node.names)))
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not in_functions:
                 continue
             elif isinstance(node, ast.If) and is_type_checking(node.test):
                 visit(node.orelse)
@@ -267,6 +267,19 @@ def module_level_imports(tree: ast.Module, name: str, is_package: bool) -> list[
 
     visit(tree.body)
     return found
+
+
+def module_level_imports(tree: ast.Module, name: str, is_package: bool) -> list[tuple[int, str]]:
+    """``(line, imported module)`` for the imports that run when the module is imported.
+
+    Function bodies and ``if TYPE_CHECKING:`` blocks are skipped; ``from a import b`` yields ``a.b`` (``b``
+    may be a submodule) as well as ``a``; relative imports are made absolute.
+    """
+    return [
+        (line, imported)
+        for line, base, names in import_statements(tree, name, is_package, in_functions=False)
+        for imported in (base, *(f"{base}.{n}" for n in names))
+    ]
 
 
 def is_type_checking(test: ast.expr) -> bool:
@@ -328,6 +341,125 @@ def test_layering_check_sees_module_level_imports_only() -> None:
     assert not any(m.startswith("hookscope.callbacks.Doctor") for m in imports)
 
 
+# Pairs of modules that import each other today, in files this check's author did not own; each is to be
+# broken by the change that owns its files, and this list emptied (a pair that is gone must leave it).
+KNOWN_MUTUAL_IMPORTS = {
+    # train/data.py imports its samplers from train/distributed.py, which imports DataLoaders in a function
+    ("hookscope.train.data", "hookscope.train.distributed"),
+}
+
+# Where the layering holds for every import, those inside functions too (train/ still reaches the callback
+# catalogue from its convenience methods, so it is checked at module level only, by LAYERS).
+ANY_LEVEL_LAYERS = {
+    "hookscope.hooks": (
+        "hookscope.doctor",
+        "hookscope.train",
+        "hookscope.callbacks",
+        "hookscope.viz",
+        "hookscope.cli",
+    ),
+    "hookscope.doctor": ("hookscope.train", "hookscope.callbacks", "hookscope.viz", "hookscope.cli"),
+}
+
+
+def imported_modules(tree: ast.Module, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports anywhere (functions included, ``if
+    TYPE_CHECKING:`` aside). ``from a import b`` imports the submodule ``a.b`` when there is one, else a
+    name of ``a`` (for a package: its ``__init__``)."""
+    found = set()
+    for _, base, names in import_statements(tree, name, is_package, in_functions=True):
+        targets = [f"{base}.{n}" if f"{base}.{n}" in modules else base for n in names] or [base]
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of src/hookscope -> the modules of src/hookscope it imports, at any level."""
+    paths = {module_name(path): path for path in PACKAGE_DIR.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        graph[name] = imported_modules(tree, name, path.name == "__init__.py", set(paths))
+    return graph
+
+
+def mutual_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every pair ``(a, b)``, ``a < b``, of modules that import each other."""
+    return {(a, b) for a, imported in graph.items() for b in imported if a < b and a in graph.get(b, ())}
+
+
+def test_no_two_modules_import_each_other() -> None:
+    pairs = mutual_imports(import_graph())
+    new = sorted(pairs - KNOWN_MUTUAL_IMPORTS)
+    assert not new, "modules that import each other (at any level):\n" + "\n".join(
+        f"  {a} <-> {b}" for a, b in new
+    )
+    gone = sorted(KNOWN_MUTUAL_IMPORTS - pairs)
+    assert not gone, f"these pairs no longer import each other: remove them from KNOWN_MUTUAL_IMPORTS: {gone}"
+
+
+def test_hooks_and_doctor_import_no_higher_layer_at_any_level() -> None:
+    graph = import_graph()
+    violations = [
+        f"  {name} imports {imported}"
+        for name, imports in sorted(graph.items())
+        for layer, deny in ANY_LEVEL_LAYERS.items()
+        if is_under(name, layer)
+        for imported in sorted(imports)
+        if any(is_under(imported, d) for d in deny)
+    ]
+    assert not violations, "imports against the layering (any level):\n" + "\n".join(violations)
+
+
+def test_the_loop_names_the_callback_catalogue_in_one_place() -> None:
+    """train/ reaches callbacks/ through one import, in ``Learner``'s ``_catalogue()`` (its convenience
+    methods: see the docstring of train/learner.py)."""
+    found = []
+    for path in sorted((PACKAGE_DIR / "train").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        statements = import_statements(tree, module_name(path), path.name == "__init__.py", in_functions=True)
+        for line, base, names in statements:
+            if any(is_under(m, "hookscope.callbacks") for m in (base, *(f"{base}.{n}" for n in names))):
+                found.append(f"{path.relative_to(SRC_DIR.parent)}:{line}")
+    assert len(found) == 1, f"train/ imports callbacks/ at: {found}"
+    assert found[0].startswith("src/hookscope/train/learner.py:")
+
+
+def test_the_import_graph_counts_imports_in_functions_and_resolves_submodules() -> None:
+    source = textwrap.dedent(
+        """
+        from typing import TYPE_CHECKING
+        from hookscope.callbacks import Doctor, lr_finder
+        from ..viz import plots
+        if TYPE_CHECKING:
+            from hookscope.cli import main
+        def f():
+            from hookscope.callbacks.loggers.metrics import read_metrics
+            import hookscope.doctor.engine
+        """
+    )
+    modules = {
+        "hookscope.callbacks",
+        "hookscope.callbacks.lr_finder",
+        "hookscope.callbacks.loggers.metrics",
+        "hookscope.viz.plots",
+        "hookscope.cli",
+        "hookscope.cli.main",
+        "hookscope.doctor.engine",
+        "hookscope.train.learner",
+    }
+    imported = imported_modules(ast.parse(source), "hookscope.train.learner", False, modules)
+    assert imported == {
+        "hookscope.callbacks",  # Doctor: a name of the package's __init__
+        "hookscope.callbacks.lr_finder",
+        "hookscope.callbacks.loggers.metrics",
+        "hookscope.viz.plots",
+        "hookscope.doctor.engine",
+    }
+    graph = {"a": {"b", "c"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}
+    assert mutual_imports(graph) == {("a", "b"), ("c", "d")}
+
+
 @pytest.mark.parametrize(
     "package", ["hookscope", "hookscope.callbacks", "hookscope.viz", "hookscope.callbacks.loggers"]
 )
@@ -363,7 +495,8 @@ def test_a_name_shadowed_by_its_submodule_stays_the_function() -> None:
         import hookscope as hs
         from hookscope.viz import feature_maps
         print(hs.viz.feature_maps is feature_maps, type(feature_maps).__name__)
-        print(hs.viz.save_figure is save_figure)
+        from hookscope.viz.save import save_figure as defined
+        print(hs.viz.save_figure is save_figure is defined)
         """
     )
     assert out.split() == ["True", "function", "True"]

@@ -17,7 +17,8 @@ from hookscope.callbacks import (
     MixedPrecision,
     OneCycle,
 )
-from hookscope.callbacks.lr_finder import suggest_lrs
+from hookscope.callbacks.loggers.metrics import read_metrics
+from hookscope.callbacks.lr_finder import suggest_lrs, sweeping
 
 
 def _learner(opt_func=torch.optim.AdamW, cbs=()):
@@ -131,6 +132,49 @@ def test_scheduling_and_stopping_callbacks_sit_out_the_sweep_and_come_back():
     assert result.lrs == pytest.approx(list(np.geomspace(1e-6, 1e-2, 24)))  # OneCycle did not set them
     assert learn.cbs == order
     assert learn.one_cycle is one_cycle and learn.early_stopping is stopper
+
+
+class StepCounter(hs.Callback):
+    """A callback of the user's that, like the built-in loggers, must not count a sweep's steps."""
+
+    run_during_sweep = False
+
+    def __init__(self):
+        self.steps = 0
+
+    def after_step(self):
+        self.steps += 1
+
+
+def test_callbacks_that_record_the_run_sit_out_the_sweep_and_run_again_after_it(tmp_path):
+    logger, counter = hs.callbacks.MetricsLogger(tmp_path, every=1), StepCounter()
+    learn = _learner(cbs=[logger, counter])
+    order = list(learn.cbs)
+    learn.lr_find(num_it=12)
+
+    assert counter.steps == 0
+    assert not (tmp_path / "metrics.csv").exists()
+    assert learn.cbs == order
+    assert learn.metrics_logger is logger and learn.step_counter is counter
+    assert logger.learn is learn and counter.learn is learn
+
+    learn.fit(1)  # 8 batches
+    assert counter.steps == 8
+    assert [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "step"] == list(range(1, 9))
+
+
+def test_a_sweep_that_diverges_gives_the_doctor_nothing_to_diagnose():
+    doctor = hs.callbacks.Doctor(quiet=True)
+    learn = _learner(opt_func=torch.optim.SGD, cbs=[doctor])
+    learn.lr_find(start_lr=1e-4, end_lr=1e3, num_it=100)  # ends far past divergence
+    assert doctor.findings == []
+    assert learn.doctor is doctor
+
+
+def test_the_sweeping_check_is_deprecated():
+    learn = _learner()
+    with pytest.warns(DeprecationWarning, match="run_during_sweep = False"):
+        assert sweeping(learn) is False
 
 
 def test_lr_find_creates_the_optimizer_when_none_exists_yet():

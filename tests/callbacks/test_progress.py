@@ -25,6 +25,7 @@ def test_bar_is_added_only_when_asked_or_when_stdout_is_a_terminal():
     assert not hasattr(_learner(progress=False), "progress_bar")
     assert isinstance(_learner(progress=True).progress_bar, hs.callbacks.ProgressBar)
     # under pytest stdout is captured, not a terminal: auto means off
+    assert not hs.callbacks.ProgressBar.is_seen()
     assert not hasattr(_learner(), "progress_bar")
 
 

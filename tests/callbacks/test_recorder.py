@@ -255,3 +255,12 @@ def test_record_adds_a_callbacks_values_to_the_history_as_batch_size_weighted_me
     assert first["valid_square"] == pytest.approx((4 * 0 + 4 * 1 + 2 * 4) / 10)
     assert math.isnan(second["valid_square"])  # nothing recorded under that name in epoch 1
     assert list(second) == ["epoch", "train_loss", "valid_loss", "index", "valid_square", "time"]
+
+
+def test_the_recorder_moved_beside_the_loop_and_its_old_module_path_warns():
+    from hookscope.train.recorder import Recorder
+
+    assert hs.callbacks.Recorder is Recorder
+    with pytest.warns(DeprecationWarning, match="moved to hookscope.train.recorder"):
+        from hookscope.callbacks.recorder import Recorder as old_path
+    assert old_path is Recorder

@@ -345,6 +345,32 @@ def test_history_rows_hold_losses_metrics_and_time():
     )
 
 
+def test_validate_without_the_recorder_measures_with_one_for_that_call_only():
+    learn = _learner(metrics=[hs.metrics.accuracy])
+    learn.fit(1)
+    expected = learn.validate()
+    learn.remove_cb(learn.recorder)
+
+    assert learn.validate() == pytest.approx(expected)
+    assert not hasattr(learn, "recorder")
+    assert not any(isinstance(cb, hs.callbacks.Recorder) for cb in learn.cbs)
+
+
+def test_validate_reads_the_learners_own_recorder_when_it_has_one():
+    class CountingRecorder(hs.callbacks.Recorder):
+        validations = 0
+
+        def after_validate(self):
+            super().after_validate()
+            self.validations += 1
+
+    recorder = CountingRecorder()
+    learn = _learner(cbs=[recorder])
+    learn.validate()
+    assert recorder.validations == 1
+    assert [type(cb) for cb in learn.cbs] == [CountingRecorder]
+
+
 def test_fit_lr_sets_the_optimizer_learning_rate():
     learn = _learner()
     learn.fit(1, lr=0.05)

@@ -4,7 +4,6 @@ import runpy
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import pytest
 import torch
@@ -85,41 +84,11 @@ def test_bad_shapes_raise_one_line_errors():
         hs.viz.feature_maps(torch.zeros(3, 4, 4).numpy())
 
 
-def test_save_figure_writes_a_png_atomically(tmp_path):
-    backend = matplotlib.get_backend()
-    fig = hs.viz.feature_maps(torch.randn(16, 8, 8))
-    path = hs.viz.save_figure(fig, tmp_path / "maps" / "conv1.png", dpi=50)
-    assert path == tmp_path / "maps" / "conv1.png"
-    with Image.open(path) as image:
-        assert image.format == "PNG" and image.size[0] > 100
-    assert [p.name for p in path.parent.iterdir()] == ["conv1.png"]
-    assert path.stat().st_mode & 0o044 == 0o044  # readable by others, not mkstemp's private 0600
-    assert matplotlib.get_backend() == backend
-
-
-def test_save_figure_refuses_other_suffixes_and_leaves_no_temp_file(tmp_path):
-    fig = hs.viz.feature_maps(torch.randn(4, 8, 8))
-    with pytest.raises(ValueError, match=r"maps\.jpg must end in \.png"):
-        hs.viz.save_figure(fig, tmp_path / "maps.jpg")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_feature_maps_of_a_captured_conv(resnet18_eval, china_64):
     with torch.no_grad(), hs.capture(resnet18_eval, "conv1") as cap:
         resnet18_eval(china_64)
     tiles = _tiles(hs.viz.feature_maps(cap["conv1"]))
     assert sum(tile is not None for row in tiles for tile in row) == 64
-
-
-def test_failed_save_keeps_the_previous_file_and_no_temp_file(tmp_path):
-    path = hs.viz.save_figure(hs.viz.feature_maps(torch.randn(4, 8, 8)), tmp_path / "maps.png")
-    before = path.read_bytes()
-    broken = hs.viz.feature_maps(torch.randn(4, 8, 8))
-    broken.axes[0].set_title(r"$\frac{$")  # invalid mathtext: rendering fails mid-save
-    with pytest.raises(ValueError):
-        hs.viz.save_figure(broken, path)
-    assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["maps.png"]
 
 
 @pytest.mark.slow  # builds a ResNet34 and draws 64 panels: ~2 s idle, ~10 s on a loaded 2-core box

@@ -1,4 +1,7 @@
-"""Built-in callbacks, one file per family (re-exported lazily: each imports its module when first used)."""
+"""Built-in callbacks, one file per family (re-exported lazily: each imports its module when first used).
+
+The Recorder lives beside the loop (``hookscope.train.recorder``) and is listed here with the others.
+"""
 
 from typing import TYPE_CHECKING
 
@@ -13,12 +16,11 @@ if TYPE_CHECKING:
     from hookscope.callbacks.early_stopping import EarlyStopping
     from hookscope.callbacks.guard import NonFiniteGuard
     from hookscope.callbacks.loggers import CSVLogger, MetricsLogger
-    from hookscope.callbacks.lr_finder import LRFinder, LRFindResult
+    from hookscope.callbacks.lr_finder import LRFinder, LRFindResult, find_lr
     from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
     from hookscope.callbacks.precision import MixedPrecision
     from hookscope.callbacks.progress import ProgressBar
     from hookscope.callbacks.pruning import Pruning
-    from hookscope.callbacks.recorder import Recorder
     from hookscope.callbacks.run_folder import RunFolder
     from hookscope.callbacks.schedule import (
         CosineAnnealing,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
         sched_lin,
     )
     from hookscope.callbacks.trackers import MLflowCallback, TensorBoardCallback, WandbCallback
+    from hookscope.train.recorder import Recorder
 
 __all__ = [
     "ActivationStats",
@@ -63,6 +66,7 @@ __all__ = [
     "TensorBoardCallback",
     "WandbCallback",
     "combine_scheds",
+    "find_lr",
     "sched_const",
     "sched_cos",
     "sched_exp",
@@ -90,6 +94,7 @@ __getattr__, __dir__ = lazy_exports(
         "WandbCallback": _TRACKERS,
         "LRFinder": "hookscope.callbacks.lr_finder",
         "LRFindResult": "hookscope.callbacks.lr_finder",
+        "find_lr": "hookscope.callbacks.lr_finder",
         "ActivationStats": _MONITOR,
         "GradientStats": _MONITOR,
         "ParamRecord": _MONITOR,
@@ -97,7 +102,7 @@ __getattr__, __dir__ = lazy_exports(
         "MixedPrecision": "hookscope.callbacks.precision",
         "ProgressBar": "hookscope.callbacks.progress",
         "Pruning": "hookscope.callbacks.pruning",
-        "Recorder": "hookscope.callbacks.recorder",
+        "Recorder": "hookscope.train.recorder",
         "RunFolder": "hookscope.callbacks.run_folder",
         "CosineAnnealing": _SCHEDULE,
         "LRScheduler": _SCHEDULE,

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import torch
 
-from hookscope.callbacks.lr_finder import sweeping
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
@@ -43,6 +42,7 @@ class Checkpoint(Callback):
 
     order = 90
     run_valid = False
+    run_during_sweep = False  # an lr_find sweep's weights must never become last.pt
 
     def __init__(
         self,
@@ -71,7 +71,6 @@ class Checkpoint(Callback):
         self._last_saved_step = -1
         self._interrupted = False
         self._stopped = False
-        self._sweeping = False
         self._previous_handler: Any = None
 
     @staticmethod
@@ -83,10 +82,6 @@ class Checkpoint(Callback):
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        # An LR sweep (lr_find) is not training: its weights must never become last.pt.
-        self._sweeping = sweeping(self.learn)
-        if self._sweeping:
-            return
         for stale in self.dir.glob(".*.tmp") if distributed.is_rank_zero() else ():  # a killed write's
             stale.unlink(missing_ok=True)
         self._check_monitor()
@@ -99,14 +94,12 @@ class Checkpoint(Callback):
         learn = self.learn
         step = learn.training_step
         step_due = self.every_n_steps is not None and step % self.every_n_steps == 0
-        if self._sweeping or not (self._stop_requested() or (step_due and step != self._last_saved_step)):
+        if not (self._stop_requested() or (step_due and step != self._last_saved_step)):
             return
         path = self._save(Position(learn.epoch, learn.iter + 1, learn.train_iter, step))
         self._stop_if_interrupted(path)
 
     def after_epoch(self) -> None:
-        if self._sweeping:
-            return
         learn = self.learn
         improved = self._improved()
         if not (self.every_epoch or improved or self._stop_requested()):

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.guard import NonFiniteGuard
-from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
@@ -61,6 +60,7 @@ class Doctor(Callback):
 
     order = 15
     run_after = ("MixedPrecision",)
+    run_during_sweep = False  # an lr_find sweep is not the run: nothing to diagnose
 
     def __init__(
         self,
@@ -105,8 +105,7 @@ class Doctor(Callback):
         self.engine.attach(self.learn.model)
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
-        fresh = self.learn.resumed_from is None and not sweeping(self.learn)
-        if self.preflight and self.preflight_findings is None and fresh:
+        if self.preflight and self.preflight_findings is None and self.learn.resumed_from is None:
             self._preflight()
 
     def before_train(self) -> None:

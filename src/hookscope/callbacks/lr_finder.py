@@ -1,12 +1,16 @@
 """The learning-rate finder: train briefly while the lr grows exponentially, and watch the loss.
 
 ``find_lr`` (``learn.lr_find()``) runs the sweep through the normal loop — mixed precision, clipping
-and accumulation apply as in ``fit`` — with the callbacks that schedule or stop a real run
-(``ParamScheduler`` and its subclasses, ``LRScheduler``, ``EarlyStopping``) detached, and puts the
-model weights and gradients, the optimizer state, the loss scaler of ``MixedPrecision``,
-``learn.training_step`` and the torch random state back afterwards. Other callbacks run during the
-sweep, as in fastai; ``learn.lr_finder`` exists only then, so a logger or checkpointer can skip a
-sweep by checking it.
+and accumulation apply as in ``fit`` — and puts the model weights and gradients, the optimizer state, the
+loss scaler of ``MixedPrecision``, ``learn.training_step`` and the torch random state back afterwards.
+
+Which callbacks sit out the sweep is decided in one place, :func:`sits_out_sweeps`: a callback whose class
+sets ``run_during_sweep = False`` is detached for the sweep and put back after it, in its place. The
+built-in ones that do are those that schedule or stop a real run (``ParamScheduler`` and its subclasses,
+``LRScheduler``, ``EarlyStopping``), write the run's record (``MetricsLogger``, ``Checkpoint``,
+``RunFolder``, the trackers) or diagnose it (``Doctor``): a sweep is a throw-away copy of the run whose
+steps are not the run's. Every other callback runs during the sweep, as in fastai; a callback of your own
+that must not sets the same attribute.
 
 Suggested learning rate (``LRFindResult.suggested_lr``), fastai's "valley" rule: on the smoothed loss
 (first 10% and last 5 points trimmed), find the longest stretch over which the loss keeps decreasing
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -80,9 +85,22 @@ class LRFindResult:
         return fig
 
 
+def sits_out_sweeps(cb: Callback) -> bool:
+    """True for a callback that an lr_find sweep detaches: its class sets ``run_during_sweep = False``.
+
+    ``EarlyStopping`` sits out by name until its module sets the attribute (then this goes)."""
+    return not getattr(cb, "run_during_sweep", True) or isinstance(cb, EarlyStopping)
+
+
 def sweeping(learn: Learner) -> bool:
-    """True while ``learn`` runs an lr_find sweep: a throw-away copy of the run, whose steps are not the
-    run's (callbacks that write metrics, checkpoints or run folders skip it)."""
+    """Deprecated: callbacks that must not see a sweep set ``run_during_sweep = False`` and are detached
+    from it (see :func:`sits_out_sweeps`). True while ``learn`` runs an lr_find sweep."""
+    warnings.warn(
+        "hookscope.callbacks.lr_finder.sweeping is deprecated: set run_during_sweep = False on the callback "
+        "class and lr_find detaches it for the sweep",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
 
 
@@ -91,7 +109,7 @@ class LRFinder(Callback):
     record each loss (read once per batch: the sweep needs it to stop), skip validation, and stop after
     ``num_it`` batches or when the smoothed loss diverges (``stop_div``). It changes the weights: use it
     through ``learn.lr_find()``, which puts everything back. ``learn.lr_finder`` exists only during a
-    sweep, so callbacks that should not run then can check for it."""
+    sweep."""
 
     order = 60
     run_after = (ParamScheduler, LRScheduler)
@@ -190,7 +208,7 @@ def find_lr(
         learn.create_opt()
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
     snapshot = _Snapshot(learn)
-    detached = [cb for cb in learn.cbs if isinstance(cb, (ParamScheduler, LRScheduler, EarlyStopping))]
+    detached = [cb for cb in learn.cbs if sits_out_sweeps(cb)]
     try:
         for cb in detached:
             learn.remove_cb(cb)

@@ -32,6 +32,12 @@ class ProgressBar(Callback):
     order = 90
     rank_zero_only = True  # under torchrun one bar, not one per rank
 
+    @staticmethod
+    def is_seen() -> bool:
+        """True where a live bar is seen (see :func:`stdout_is_interactive`): the Learner adds one by default
+        only there."""
+        return stdout_is_interactive()
+
     def __init__(self, refresh_every: float = 0.5, console: Console | None = None) -> None:
         self.refresh_every = refresh_every
         self.console = console

@@ -33,10 +33,9 @@ from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.loggers.metrics import MetricsLogger
-from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.callbacks.pruning import Pruning
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.records import ActivationRecorder, GradientRecorder, StepStats
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
@@ -44,7 +43,6 @@ from hookscope.staged_folder import CONFIG, StagedFolder, read_json
 from hookscope.train.callback import Callback, flatten
 from hookscope.train.learner import split_batch
 
-SEVERITY_RANK = {"error": 2, "warning": 1, "info": 0}
 KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
 
 
@@ -70,6 +68,7 @@ class RunFolder(Callback):
     # Under torchrun rank 0 writes the folder; the Checkpoint part runs on every rank (each rank's RNGs
     # go into the file, which rank 0 writes).
     rank_zero_only = True
+    run_during_sweep = False  # an lr_find sweep writes nothing
 
     def __init__(
         self,
@@ -98,7 +97,7 @@ class RunFolder(Callback):
         self._sample: Any = None
         self._previous: dict[str, Any] = {}
         self._start, self._started = time.perf_counter(), _now()
-        self._sweeping = self._cancelled = False
+        self._cancelled = False
         # where each tracker callback (TensorBoard, W&B, MLflow) writes, for config.json and the report
         self.trackers: dict[str, dict[str, str]] = {}
         # what hs.preflight found before the fit, for preflight.json and the report: set by whoever ran
@@ -118,9 +117,6 @@ class RunFolder(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        self._sweeping = sweeping(self.learn)
-        if self._sweeping:
-            return
         self._start, self._started, self._cancelled = time.perf_counter(), _now(), False
         self.folder = self._stage()
         self._previous = _read_config(self.folder.path)
@@ -132,15 +128,13 @@ class RunFolder(Callback):
         self._cancelled = True
 
     def after_fit(self) -> None:
-        if self._sweeping:
-            return
         self._write_results("stopped early" if self._cancelled else "complete")
         if self.publish_at_end:
             self.publish()
 
     def on_failure(self, exc: BaseException) -> None:
         """Keep the partial folder, with a report saying where the fit stopped and why."""
-        if self._sweeping or self.folder is None:
+        if self.folder is None:
             return
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self._write_results(status, error=f"{type(exc).__name__}: {exc}")
@@ -352,11 +346,6 @@ def _report(folder: Path) -> None:
     from hookscope.viz.report import write_report
 
     write_report(folder)
-
-
-def ranked(findings: list[Finding]) -> list[Finding]:
-    """``findings`` most severe first, then by step: the order of findings.json and of the CLI's list."""
-    return sorted(findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.step))
 
 
 def summary_record(table: Summary) -> dict[str, Any]:

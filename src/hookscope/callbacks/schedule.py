@@ -69,6 +69,7 @@ class ParamScheduler(Callback):
 
     order = 60
     run_valid = False
+    run_during_sweep = False  # lr_find sets the lr itself
 
     def __init__(self, scheds: Mapping[str, Schedule | Sequence[Schedule]]) -> None:
         self.scheds: dict[str, Schedule | Sequence[Schedule]] = dict(scheds)
@@ -185,6 +186,7 @@ class LRScheduler(Callback):
 
     order = 60
     run_valid = False
+    run_during_sweep = False  # lr_find sets the lr itself
     run_after = ("Recorder",)
 
     def __init__(

@@ -6,6 +6,7 @@ the same ``Finding`` objects, and ``hs.preflight`` returns them too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +32,15 @@ class Finding:
 
     def __str__(self) -> str:
         return f"[{self.severity}] {self.kind}: {self.message}"
+
+
+def ranked(findings: Iterable[Finding]) -> list[Finding]:
+    """``findings`` most severe first, then by step: the order of findings.json, the report and the
+    command line's list (a severity outside :data:`SEVERITIES` ranks as ``info``)."""
+    return sorted(findings, key=lambda f: (-_SEVERITY_RANK.get(f.severity, 0), f.step))
+
+
+_SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITIES)}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,17 @@ Everything beyond forward, loss, backward and step — recording, progress, sche
 checkpoints, monitoring — is a callback. The loop below fires the events in the order of ``EVENTS``; a
 stage's cancel exception skips the rest of that stage (``after_cancel_<stage>`` then ``after_<stage>``
 fire); any other exception fires ``on_failure(exc)`` on every callback and propagates unchanged.
+
+The loop and the callback catalogue: the loop itself names one callback, the Recorder, which lives beside it
+(``train/recorder.py``) because :meth:`Learner.validate` returns what it measures. fastai's conveniences —
+``fit_one_cycle``, ``lr_find``, ``to_fp16`` / ``to_bf16`` / ``to_fp32``, ``no_bar`` and the default
+ProgressBar — are built-in callbacks by definition. They stay methods of the Learner (the public API users
+know) and reach ``hookscope.callbacks`` through one function, :func:`_catalogue`, when such a method runs,
+never at import. The alternatives were worse: fastai patches each method onto the class from the callback's
+module (monkey-patching, and a method exists only once its module was imported); a registry that the
+callbacks package fills has the same trap (empty until someone imports the package), so the loop would
+still have to import it. Here ``train/`` imports nothing from ``callbacks/`` at import time, and the one
+place it names the catalogue is a single greppable function.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +51,7 @@ from hookscope.train.events import (
     CancelTrainException,
     CancelValidException,
 )
+from hookscope.train.recorder import Recorder
 
 if TYPE_CHECKING:
     from hookscope.callbacks.lr_finder import LRFindResult
@@ -52,8 +65,8 @@ class Learner:
     loss_grad, loss``, plus ``training_step`` (optimizer steps taken) and ``device``. ``xb`` and ``yb`` are
     tuples: ``pred = model(*xb)``, ``loss_grad = loss_func(pred, *yb)``. A batch is split into
     ``xb = batch[:-1]`` and ``yb = batch[-1:]`` (a lone tensor is an input with no target).
-    ``valid_record`` holds the loss and metrics of the latest validation phase as device tensors (the
-    Recorder writes it; :meth:`validate` reads it).
+    ``valid_record`` holds the loss and metrics of the latest validation phase as device tensors: the
+    Recorder writes it at ``after_validate``, and :meth:`validate` reads it (see there).
 
     The default callbacks (a Recorder, and a ProgressBar when stdout is a terminal) are added unless
     ``cbs`` holds one of the same type; ``progress=False`` leaves the bar out.
@@ -155,9 +168,7 @@ class Learner:
     @contextlib.contextmanager
     def no_bar(self) -> Iterator[Learner]:
         """No progress bar inside the block (fastai's ``learn.no_bar()``); the bar comes back after it."""
-        from hookscope.callbacks.progress import ProgressBar
-
-        bars = [cb for cb in self.cbs if isinstance(cb, ProgressBar)]
+        bars = [cb for cb in self.cbs if isinstance(cb, _catalogue().ProgressBar)]
         self.remove_cbs(bars)
         try:
             yield self
@@ -176,17 +187,12 @@ class Learner:
 
     def to_fp32(self) -> Learner:
         """Train in full precision again: removes the ``MixedPrecision`` callback; returns ``self``."""
-        from hookscope.callbacks.precision import MixedPrecision
-
-        self.remove_cb(MixedPrecision)
+        self.remove_cb(_catalogue().MixedPrecision)
         return self
 
     def _set_precision(self, dtype: torch.dtype, mixed_precision: dict[str, Any]) -> Learner:
-        # Imported here: the loop (train/) must not depend on the callback catalogue at import time.
-        from hookscope.callbacks.precision import MixedPrecision
-
         self.to_fp32()
-        self.add_cb(MixedPrecision(dtype=dtype, **mixed_precision))
+        self.add_cb(_catalogue().MixedPrecision(dtype=dtype, **mixed_precision))
         return self
 
     @property
@@ -259,9 +265,7 @@ class Learner:
     ) -> None:
         """``fit`` under the 1cycle policy (``hs.callbacks.OneCycle(lr_max, **one_cycle)``, whose parameters
         and defaults are those of ``torch.optim.lr_scheduler.OneCycleLR``); ``lr_max=None`` uses ``lr``."""
-        from hookscope.callbacks.schedule import OneCycle
-
-        self.fit(n_epoch, cbs=[OneCycle(lr_max, **one_cycle), *as_callbacks(cbs)], resume=resume)
+        self.fit(n_epoch, cbs=[_catalogue().OneCycle(lr_max, **one_cycle), *as_callbacks(cbs)], resume=resume)
 
     def lr_find(
         self,
@@ -273,9 +277,7 @@ class Learner:
     ) -> LRFindResult:
         """Sweep the lr exponentially and return the losses and a suggested lr (``.suggested_lr``,
         ``.plot()``); the weights and optimizer state are restored afterwards."""
-        from hookscope.callbacks.lr_finder import find_lr
-
-        return find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
+        return _catalogue().find_lr(self, start_lr, end_lr, num_it, stop_div, show_plot)
 
     def one_batch(self, dl: Any = None) -> tuple:
         """The first batch of ``dl`` (default: the training loader) on the device, as a tuple. No callback
@@ -381,15 +383,17 @@ class Learner:
     def validate(self, dl: Any = None) -> dict[str, float]:
         """Run the validation phase on ``dl`` (default: the valid loader); returns loss and metrics.
 
-        The numbers are those a callback (the Recorder) put in ``valid_record``, read in one transfer.
+        The Recorder measures them and writes them to ``valid_record`` at ``after_validate``; they are read
+        here in one transfer. A Learner whose Recorder was removed gets one for this call only.
         """
         dl = self._eval_loader(dl, "validate")
-        self.valid_record = {}
-        self._run(lambda: self._phase(dl, training=False), None, None)
-        if not self.valid_record:
-            raise RuntimeError(
-                "Learner.validate: no callback recorded the validation loss; keep the Recorder in cbs"
-            )
+        added = [] if any(isinstance(cb, Recorder) for cb in self.cbs) else [Recorder()]
+        self.add_cbs(added)
+        try:
+            self.valid_record = {}
+            self._run(lambda: self._phase(dl, training=False), None, None)
+        finally:
+            self.remove_cbs(added)
         names = list(self.valid_record)
         values = torch.stack([self.valid_record[n].float() for n in names]).tolist()
         return dict(zip(names, values, strict=True))
@@ -592,13 +596,18 @@ def _as_list(items: Any) -> list[Any]:
 
 
 def _default_callbacks(progress: bool | None) -> list[Callback]:
-    """A Recorder, and a ProgressBar when ``progress`` (default: stdout is a terminal)."""
-    # Imported here: the loop (train/) must not depend on the callback catalogue at import time.
-    from hookscope.callbacks.progress import ProgressBar, stdout_is_interactive
-    from hookscope.callbacks.recorder import Recorder
+    """A Recorder, and a ProgressBar when ``progress`` (default: where a bar is seen, see ProgressBar)."""
+    bar = _catalogue().ProgressBar
+    show_bar = bar.is_seen() if progress is None else progress
+    return [Recorder()] + ([bar()] if show_bar else [])
 
-    show_bar = stdout_is_interactive() if progress is None else progress
-    return [Recorder()] + ([ProgressBar()] if show_bar else [])
+
+def _catalogue() -> ModuleType:
+    """The built-in callbacks (``hookscope.callbacks``, lazy), for the convenience methods: the one place the
+    loop names its catalogue, imported when such a method runs (see the module docstring)."""
+    import hookscope.callbacks
+
+    return hookscope.callbacks
 
 
 _LAYOUT = (

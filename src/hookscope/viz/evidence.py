@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from hookscope.doctor.findings import Finding
 from hookscope.doctor.records import ParamRecord, StepStats
-from hookscope.viz.feature_maps import save_figure
 from hookscope.viz.plots import gradient_flow
+from hookscope.viz.save import save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -1,4 +1,4 @@
-"""Feature maps: draw every channel of a conv activation as a grid of small images, and save figures.
+"""Feature maps: draw every channel of a conv activation as a grid of small images.
 
 Figures are built with ``matplotlib.figure.Figure`` directly (rendered by Agg on save), never through
 pyplot, so hookscope neither opens windows nor changes the user's global backend.
@@ -6,17 +6,18 @@ pyplot, so hookscope neither opens windows nor changes the user's global backend
 
 from __future__ import annotations
 
-import io
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hookscope.atomic import atomic_write_bytes
+# save_figure lived here; hookscope.viz.save is its home (this import keeps the old path working)
+from hookscope.viz.save import save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+__all__ = ["feature_maps", "save_figure"]
 
 
 def feature_maps(
@@ -53,20 +54,6 @@ def feature_maps(
     if title:
         fig.suptitle(title)
     return fig
-
-
-def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``fig`` as a PNG at ``path`` atomically: a reader sees the old file or the whole new one.
-
-    The image is rendered in memory first, so a failing render leaves no file behind. Missing parent
-    folders are created. Returns the path written.
-    """
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise ValueError(f"save_figure: {path} must end in .png (figures are written as PNG)")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def _channel_maps(tensor: torch.Tensor, index: int) -> torch.Tensor:

@@ -14,13 +14,14 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.monitor import ActivationStats, GradientStats
-from hookscope.callbacks.run_folder import ranked
+from hookscope.doctor.findings import ranked
 from hookscope.doctor.records import ActivationRecorder, GradientRecorder
 from hookscope.hooks.capture import capture
 from hookscope.viz.curves import loss_curves, lr_schedule
 from hookscope.viz.evidence import write_finding_figures
-from hookscope.viz.feature_maps import feature_maps, save_figure
+from hookscope.viz.feature_maps import feature_maps
 from hookscope.viz.plots import activation_curves, colorful_dimension, gradient_flow
+from hookscope.viz.save import save_figure
 
 if TYPE_CHECKING:
     from hookscope.train.learner import Learner

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from hookscope.atomic import atomic_write_text
-from hookscope.callbacks.lr_finder import sweeping
 from hookscope.train.callback import Callback
 
 LEADING_COLUMNS = ("kind", "epoch", "step")
@@ -35,6 +34,7 @@ class MetricsLogger(Callback):
 
     run_after = ("Recorder",)
     run_valid = False
+    run_during_sweep = False  # an lr_find sweep's steps are not the run's
 
     def __init__(self, folder: str | Path, every: int = 10, flush_rows: int = 50) -> None:
         if every < 0 or flush_rows < 1:
@@ -50,7 +50,7 @@ class MetricsLogger(Callback):
 
     def after_step(self) -> None:
         step = self.learn.training_step
-        if self.every == 0 or step % self.every != 0 or sweeping(self.learn):
+        if self.every == 0 or step % self.every != 0:
             return
         lr = self.learn.opt.param_groups[0]["lr"]
         self._pending.append((self.learn.epoch, step, self.learn.loss.detach(), float(lr)))
@@ -59,8 +59,6 @@ class MetricsLogger(Callback):
             self.write()
 
     def after_epoch(self) -> None:
-        if sweeping(self.learn):
-            return
         self._take_pending()
         row = dict(self.learn.recorder.history[-1])
         self.rows.append(
@@ -69,8 +67,6 @@ class MetricsLogger(Callback):
         self.write()
 
     def after_fit(self) -> None:
-        if sweeping(self.learn):
-            return
         self._take_pending()
         self.write()
 

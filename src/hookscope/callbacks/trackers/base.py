@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from hookscope.callbacks.lr_finder import sweeping
 from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord
 from hookscope.callbacks.trackers.records import (
     Predictions,
@@ -68,6 +67,7 @@ class Tracker(Callback, ABC):
     order = 80  # after the Recorder, schedulers and statistics; before Checkpoint (so it saves our ids)
     run_valid = False
     label = "tracker"  # the tracker's name in warnings and in the run folder's report
+    run_during_sweep = False  # an lr_find sweep is not the run's
 
     def __init__(
         self,
@@ -164,8 +164,8 @@ class Tracker(Callback, ABC):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        # an lr_find sweep is not the run's; under torchrun only rank 0 logs (as it writes the run folder)
-        self._off, self._active, self.failure = sweeping(self.learn) or not _rank_zero(), False, None
+        # under torchrun only rank 0 logs (as it writes the run folder)
+        self._off, self._active, self.failure = not _rank_zero(), False, None
         self._pending = []
         self._last_step = self._read_at = self.learn.training_step
 
