@@ -3,7 +3,7 @@
     with hs.watch(model, opt) as w:
         for x, y in loader:
             opt.zero_grad()
-            loss = loss_fn(model(x), y)
+            loss = loss_func(model(x), y)
             w.log(loss)               # optional: the loss rules (no host sync)
             loss.backward()
             opt.step()

@@ -234,3 +234,18 @@ def test_compiled_model_is_inspected_eagerly_with_its_own_names():
     report = hs.find_nonfinite(compiled, x)
     assert (report.module, report.op) == ("1", "aten.log")
     assert _hook_count(model) == 0
+
+
+def test_the_former_keyword_loss_fn_still_works_and_warns():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(dim=1))
+    x, y = _data()
+
+    def nll_of_zero(pred, target):
+        return -(pred * 0.0).log().mean()
+
+    with pytest.warns(DeprecationWarning, match="loss_fn= is deprecated.*pass loss_func="):
+        report = hs.find_nonfinite(model, x, target=y, loss_fn=nll_of_zero)
+    assert (report.phase, report.module, report.op) == ("forward", "loss_fn", "aten.log")
+    assert hs.find_nonfinite(model, x, loss_func=nll_of_zero, target=y) == report
+    with pytest.raises(TypeError, match="loss_func and loss_fn both given"):
+        hs.find_nonfinite(model, x, nll_of_zero, y, loss_fn=nll_of_zero)

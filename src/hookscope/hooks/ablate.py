@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hookscope.hooks.batch import split_batch
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.patch import patch
 from hookscope.hooks.select import Spec, select
@@ -127,11 +128,8 @@ def unit_axis(module: nn.Module) -> int:
 
 
 def split_batches(data: Iterable[Batch], who: str) -> Split:
-    """Each batch as ``(inputs, targets)``: the last item of a tuple is the target, a tensor is an input."""
-    split = []
-    for batch in data:
-        items = tuple(batch) if isinstance(batch, tuple | list) else (batch,)
-        split.append((items[:-1], items[-1:]) if len(items) > 1 else (items, ()))
+    """Each batch of ``data`` as ``(inputs, targets)``: :func:`~hookscope.hooks.batch.split_batch`."""
+    split = [split_batch(batch) for batch in data]
     if not split:
         raise ValueError(f"{who}: data holds no batch; pass a DataLoader or a list of (x, y) batches")
     return split

@@ -19,7 +19,8 @@ The model is left as found: buffers (BatchNorm running statistics) are restored,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,10 +28,12 @@ import torch
 from torch import nn
 
 from hookscope import compat
+from hookscope.hooks.batch import split_inputs
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
 from hookscope.hooks.tensors import tensors_in
 
-LOSS_NAME = "loss_fn"
+LOSS_NAME = "loss_fn"  # the name a report gives the loss (kept: reports and findings carry it)
 
 # Ops whose outputs are uninitialised memory: a NaN there is garbage about to be overwritten, not a fault.
 _UNINITIALISED_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty"})
@@ -115,33 +118,38 @@ class NonFiniteReport:
 def find_nonfinite(
     model: nn.Module,
     inputs: Any,
-    loss_fn: Callable[..., torch.Tensor] | None = None,
+    loss_func: Callable[..., torch.Tensor] | None = None,
     target: Any = None,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
 ) -> NonFiniteReport:
-    """Run one forward (and backward when ``loss_fn`` is given) and report the first NaN/Inf.
+    """Run one forward (and backward when ``loss_func`` is given) and report the first NaN/Inf.
 
     ``inputs`` is a tensor, a tuple/list of positional arguments or a dict of keyword arguments;
-    ``target`` a tensor or a tuple passed after the prediction: ``loss_fn(pred, *target)``. The model
+    ``target`` a tensor or a tuple passed after the prediction: ``loss_func(pred, *target)``. The model
     runs in its current mode (train/eval); its buffers, ``.grad`` and hooks are left as they were.
+    ``loss_fn`` is the former name of ``loss_func`` (deprecated: it warns, and goes in a later release).
     """
+    if loss_fn is not None:
+        loss_func = _renamed_loss(loss_func, loss_fn)
     # A torch.compile'd model runs its original module eagerly here: hooks and the op trace need eager
     # execution, and the names then read as in the user's code (no "_orig_mod." prefix).
     model = compat.uncompiled(model)
-    args, kwargs = _split_inputs(inputs)
+    args, kwargs = split_inputs(inputs)
     targets = target if isinstance(target, tuple | list) else () if target is None else (target,)
     bad_input = _first_bad_input(args, kwargs, targets) or _first_bad_parameter(model)
     if bad_input is not None:
         return bad_input
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    rng = _rng_state()
+    rng = torch_rng()
     try:
-        check = _check(model, args, kwargs, loss_fn, targets)
+        check = _check(model, args, kwargs, loss_func, targets)
         if check is None:
             return NonFiniteReport(found=False)
         _restore(model, buffers, rng)
         if check.phase == "forward":
-            return _blame_forward(model, args, kwargs, loss_fn, targets) or check
-        return _blame_backward(model, args, kwargs, loss_fn, targets) or check
+            return _blame_forward(model, args, kwargs, loss_func, targets) or check
+        return _blame_backward(model, args, kwargs, loss_func, targets) or check
     finally:
         _restore(model, buffers, None)
 
@@ -160,7 +168,7 @@ class _Call:
 
 
 def _check(
-    model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, targets: tuple
+    model: nn.Module, args: tuple, kwargs: dict, loss_func: Callable | None, targets: tuple
 ) -> NonFiniteReport | None:
     """One step with a device-side finiteness flag per module call; one host read at the end."""
     calls: list[_Call] = []
@@ -184,9 +192,9 @@ def _check(
             hooks.forward(module, _recorder(record, name, type(module).__name__), with_kwargs=True)
         pred = model(*args, **kwargs)
     loss = None
-    if loss_fn is not None:
-        loss = loss_fn(pred, *targets)
-        record(LOSS_NAME, type(loss_fn).__name__, (pred, *targets), loss)
+    if loss_func is not None:
+        loss = loss_func(pred, *targets)
+        record(LOSS_NAME, type(loss_func).__name__, (pred, *targets), loss)
     grads_finite = _backward_finite(model, args, kwargs, loss)
     device = calls[0].finite.device if calls else grads_finite.device
     flags = torch.stack([c.finite.to(device) for c in calls] + [grads_finite.to(device)]).cpu()
@@ -257,21 +265,21 @@ class _OpTrace(compat.TorchDispatchMode):
 
 
 def _blame_forward(
-    model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, targets: tuple
+    model: nn.Module, args: tuple, kwargs: dict, loss_func: Callable | None, targets: tuple
 ) -> NonFiniteReport | None:
     """Replay the forward (and loss) under an op-level trace; None if the replay stayed finite."""
     stack = ["<input>"]
     types = {name: type(m).__name__ for name, m in model.named_modules()}
-    types[LOSS_NAME] = type(loss_fn).__name__
+    types[LOSS_NAME] = type(loss_func).__name__
     calls: dict[str, int] = {}
     current_call: dict[str, int] = {}
     with HookSet() as hooks, torch.no_grad():
         _track_stack(model, hooks, stack, calls, current_call)
         with _OpTrace(stack) as trace:
             pred = model(*args, **kwargs)
-            if loss_fn is not None and trace.found is None:
+            if loss_func is not None and trace.found is None:
                 stack.append(LOSS_NAME)
-                loss_fn(pred, *targets)
+                loss_func(pred, *targets)
     if trace.found is None:
         return None
     module, op, shapes_in, shapes_out, outputs = trace.found
@@ -283,7 +291,7 @@ def _blame_forward(
 
 
 def _blame_backward(
-    model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, targets: tuple
+    model: nn.Module, args: tuple, kwargs: dict, loss_func: Callable | None, targets: tuple
 ) -> NonFiniteReport | None:
     """Replay forward + backward with a hook on every autograd node; the first non-finite one is blamed."""
     owners: dict[Any, tuple[str, int]] = {}
@@ -292,7 +300,7 @@ def _blame_backward(
     current_call: dict[str, int] = {}
     shapes: dict[tuple[str, int], tuple[list, list]] = {}
     types = {name: type(m).__name__ for name, m in model.named_modules()}
-    types[LOSS_NAME] = type(loss_fn).__name__
+    types[LOSS_NAME] = type(loss_func).__name__
     found: list[tuple[Any, list[torch.Tensor]]] = []
 
     def pre(name: str) -> Callable:
@@ -326,7 +334,7 @@ def _blame_backward(
             hooks.forward(module, post(name), with_kwargs=True)
         _track_stack(model, hooks, stack, calls, current_call)
         pred = model(*args, **kwargs)
-        loss = loss_fn(pred, *targets) if loss_fn is not None else None
+        loss = loss_func(pred, *targets) if loss_func is not None else None
         if loss is None or not loss.requires_grad:
             return None
         current_call[LOSS_NAME] = 0
@@ -389,12 +397,16 @@ def _claim(
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
-    if isinstance(inputs, Mapping):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple | list):
-        return tuple(inputs), {}
-    return (inputs,), {}
+def _renamed_loss(loss_func: Callable | None, loss_fn: Callable) -> Callable:
+    """``loss_fn=``, the keyword's former name: still honoured, with a DeprecationWarning."""
+    if loss_func is not None:
+        raise TypeError("find_nonfinite: loss_func and loss_fn both given; pass loss_func only")
+    warnings.warn(
+        "find_nonfinite: loss_fn= is deprecated and will be removed in a later release; pass loss_func=",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return loss_fn
 
 
 def _first_bad_input(args: tuple, kwargs: dict, targets: tuple) -> NonFiniteReport | None:
@@ -457,20 +469,13 @@ def _counts(tensors: Sequence[torch.Tensor]) -> tuple[int, int]:
     return nan, inf
 
 
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _restore(model: nn.Module, buffers: dict[str, torch.Tensor], rng: tuple | None) -> None:
+def _restore(model: nn.Module, buffers: dict[str, torch.Tensor], rng: TorchRng | None) -> None:
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name in buffers:
                 buffer.copy_(buffers[name])
     if rng is not None:
-        torch.set_rng_state(rng[0])
-        if rng[1] is not None:
-            torch.cuda.set_rng_state_all(rng[1])
+        restore_torch_rng(rng)
 
 
 def _op_name(func: Any) -> str:

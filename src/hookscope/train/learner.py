@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hookscope.hooks.batch import split_batch
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import model_device
 from hookscope.train import checkpoint, distributed
@@ -520,13 +521,6 @@ class _Evaluating:
     def __exit__(self, *exc: object) -> None:
         self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)
-
-
-def split_batch(batch: tuple) -> tuple[tuple, tuple]:
-    """``(inputs, targets)``: the last item is the target; a one-item batch is an input without target."""
-    if len(batch) == 1:
-        return batch, ()
-    return batch[:-1], batch[-1:]
 
 
 def _refuse_meta(model: nn.Module) -> None:

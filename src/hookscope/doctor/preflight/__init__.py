@@ -51,7 +51,7 @@ from hookscope.doctor.preflight.loss import (
 from hookscope.doctor.preflight.mixing import batch_mixing
 from hookscope.doctor.preflight.outputs import label_problem, output_loss_mismatch
 from hookscope.doctor.preflight.overlap import train_valid_overlap
-from hookscope.doctor.preflight.probe import batched, run_probe, split_batch
+from hookscope.doctor.preflight.probe import batched, inputs_and_target, run_probe
 from hookscope.doctor.preflight.random_state import random_state_kept
 from hookscope.hooks.tensors import map_tensors, model_device
 
@@ -89,7 +89,7 @@ def preflight(
                 "preflight: the training data yields no batch; pass data with at least one batch"
             )
         device = model_device(model)
-        inputs, target = split_batch(map_tensors(lambda t: t.to(device), batches[0]))
+        inputs, target = inputs_and_target(map_tensors(lambda t: t.to(device), batches[0]))
         net = copy.deepcopy(model).train()
         findings = _check(net, inputs, target, batches, loss_func, opt_func, lr, steps)
     return findings + train_valid_overlap(loader, validation_loader(data))
@@ -135,7 +135,7 @@ def _check(
     """Every check on the copy ``net``: data and output first, then mixing, the loss, overfitting."""
     kind = loss_kind(loss_func)
     probe = run_probe(net, inputs)
-    samples = [split_batch(b) for b in batches]
+    samples = [inputs_and_target(b) for b in batches]
     findings = input_scale([b[0][0] for b in samples if b[0]], probe.first)
     out = probe.output if isinstance(probe.output, torch.Tensor) else None
     targets = [t for _, t in samples if isinstance(t, torch.Tensor)]

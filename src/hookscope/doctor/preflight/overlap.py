@@ -31,8 +31,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hookscope.doctor.findings import Finding
-from hookscope.doctor.preflight.probe import finding, split_batch
+from hookscope.doctor.preflight.probe import finding
 from hookscope.doctor.preflight.random_state import random_state_kept
+from hookscope.hooks.batch import split_batch
 from hookscope.hooks.tensors import tensors_in
 
 # The most samples hashed on each side; a larger side is sampled at random.

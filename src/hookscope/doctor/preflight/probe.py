@@ -2,9 +2,9 @@
 
 :func:`run_probe` runs the copy once in training mode and records the output, the first and last leaf
 modules that ran and the operation that made the output; the label and output checks name the module
-they blame from it. :func:`split_batch` and :func:`batched` read a batch as the Learner does (the last
-item is the target; inputs with one row per target are batched), and :func:`finding` builds a
-preflight finding (step 0: it comes before training).
+they blame from it. :func:`inputs_and_target` and :func:`batched` read a batch as the Learner does
+(the last item is the target; inputs with one row per target are batched), and :func:`finding` builds
+a preflight finding (step 0: it comes before training).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hookscope.doctor.findings import Finding
+from hookscope.hooks.batch import split_batch
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import map_tensors
 
@@ -58,17 +59,17 @@ def run_probe(net: nn.Module, inputs: tuple) -> Probe:
     return probe
 
 
-def split_batch(batch: Any) -> tuple[tuple, Any]:
-    """``(inputs, target)`` as the Learner splits a batch: the last item is the target."""
-    if isinstance(batch, torch.Tensor):
-        return (batch,), None
-    if not isinstance(batch, tuple | list) or not batch:
+def inputs_and_target(batch: Any) -> tuple[tuple, Any]:
+    """The inputs and the one target (None without) of a batch, split as the Learner splits it
+    (:func:`~hookscope.hooks.batch.split_batch`); preflight compares outputs with targets, so a batch
+    that is neither a tensor nor an ``(inputs, targets)`` tuple is refused."""
+    readable = isinstance(batch, torch.Tensor) or (isinstance(batch, tuple | list) and len(batch) > 0)
+    if not readable:
         raise TypeError(
             f"preflight: a batch is a {type(batch).__name__}; batches must be (inputs, targets) tuples"
         )
-    if len(batch) == 1:
-        return tuple(batch), None
-    return tuple(batch[:-1]), batch[-1]
+    inputs, targets = split_batch(batch)
+    return inputs, targets[0] if targets else None
 
 
 def batched(x: Any, target: Any) -> bool:

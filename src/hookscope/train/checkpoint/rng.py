@@ -1,8 +1,9 @@
 """Every random number generator a run draws from, captured as tensors and plain values and put back.
 
-Python ``random``, numpy, torch CPU, CUDA (when in use) and the ``torch.Generator``s that decide the
-DataLoaders' order. Plain values keep the checkpoint loadable with ``weights_only=True``; restoring all of
-them is what makes a resumed run draw the same dropout masks, augmentations and shuffles as the original.
+Python ``random``, numpy, torch CPU and CUDA (when in use: :mod:`hookscope.hooks.rng`, the package's one
+capture of torch's state) and the ``torch.Generator``s that decide the DataLoaders' order. Plain values
+keep the checkpoint loadable with ``weights_only=True``; restoring all of them is what makes a resumed
+run draw the same dropout masks, augmentations and shuffles as the original.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
 from hookscope.train import distributed
 from hookscope.train.checkpoint.file import CheckpointError
 
@@ -25,6 +27,7 @@ def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict
     """Every RNG state as tensors and plain values: python ``random``, numpy, torch CPU, CUDA (when in
     use) and the named ``generators`` (a DataLoader's, a sampler's)."""
     version, mt_state, gauss_next = random.getstate()
+    torch_state = torch_rng()
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state: dict[str, Any] = {
         "python": {"version": version, "state": torch.tensor(mt_state), "gauss_next": gauss_next},
@@ -35,11 +38,11 @@ def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached_gaussian),
         },
-        "torch": torch.get_rng_state(),
+        "torch": torch_state.cpu,
         "generators": {name: gen.get_state() for name, gen in (generators or {}).items()},
     }
-    if torch.cuda.is_initialized():  # a run that never touched CUDA has no CUDA stream to keep
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch_state.cuda is not None:
+        state["cuda"] = torch_state.cuda
     return state
 
 
@@ -50,9 +53,7 @@ def restore_rng(state: Mapping[str, Any], generators: Mapping[str, torch.Generat
     npy = state["numpy"]
     keys = npy["keys"].numpy().astype(np.uint32)
     np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    restore_torch_rng(TorchRng(state["torch"], state.get("cuda")))
     generators = generators or {}
     if set(state["generators"]) != set(generators):
         raise CheckpointError(
