@@ -25,7 +25,6 @@ phases has none to give.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 import weakref
@@ -40,12 +39,12 @@ from torch import nn
 from hookscope import compat
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.guard import NonFiniteCheck
+from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
 from hookscope.doctor.records import ParamRecord, StepStats, module_in_training
 from hookscope.hooks.handles import HookSet
-from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
+from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
-from hookscope.hooks.tensors import model_device, tensors_in
+from hookscope.hooks.tensors import model_device
 
 # A loop without batch events: each forward says whether it trains; errors name hs.watch.
 _WATCH_ENGINE: dict[str, Any] = {"training_of": module_in_training, "owner": "hs.watch"}
@@ -124,7 +123,7 @@ class Watch:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._device = model_device(model)
         self._backward_seen = False  # gradients arrived since the last step closed
-        self._batches: list[tuple[tuple, dict, tuple, torch.dtype | None]] = []  # for the guard's replay
+        self._journal = BatchJournal(self._device)  # the forwards of this step, for the guard's replay
         self._closed = False
         self._started = time.time()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -235,7 +234,7 @@ class Watch:
 
     def _next_step(self) -> None:
         self._backward_seen = False
-        self._batches = []
+        self._journal.clear()
         if self._engine is not None:
             self._engine.begin_batch(self.step, training=True)
 
@@ -246,7 +245,7 @@ class Watch:
             # A backward, then no optimizer step and the gradients zeroed: a grad scaler skipped the step.
             self.skip_step()
         if self._guard is not None:
-            self._batches.append((args, kwargs, _rng_states(self._device), _autocast_dtype(self._device)))
+            self._journal.record(args, kwargs)
 
     def _gradient_arrived(self, param: nn.Parameter) -> None:
         self._backward_seen = True
@@ -254,33 +253,16 @@ class Watch:
     def _stop(self, reason: str) -> None:
         """The guard said no: blame the batch, report it, close, and raise before the step runs."""
         self._unhook(failed=True)  # the replay must not be recorded
-        report = self._blame()
+        report = self._journal.blame(self.model, loss_func=None)  # the loop's loss is unknown here
         if self._engine is not None:
             self._engine.report_nonfinite(report, self.step, reason)
         for p in self._params:
             p.grad = None  # a caught error must not leave NaN gradients to accumulate into
-        error = NonFiniteError(_stop_message(self.step, reason, report), report, self.step, reason)
+        stopped = f"hs.watch stopped optimizer step {self.step}"
+        message = stop_message(stopped, self.step, reason, report, with_loss=False)
+        error = NonFiniteError(message, report, self.step, reason)
         self._shut(error)
         raise error
-
-    def _blame(self) -> NonFiniteReport:
-        """``find_nonfinite`` on each forward since the last good step, from its own RNG state and under
-        its autocast; the backward is replayed on the sum of the outputs (the loss function is the loop's)."""
-        report = NonFiniteReport(found=False)
-        for args, kwargs, (cpu, cuda), amp in self._batches:
-            if args and kwargs:
-                continue  # find_nonfinite takes positional or keyword inputs, not both
-            torch.set_rng_state(cpu)
-            if cuda is not None:
-                torch.cuda.set_rng_state(cuda, self._device)
-            autocast = (
-                torch.autocast(self._device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-            )
-            with autocast:
-                report = find_nonfinite(self.model, kwargs or args, _outputs_sum)
-            if report.found:
-                return report
-        return report
 
     def _unhook(self, failed: bool) -> None:
         self._hooks.remove()
@@ -362,34 +344,3 @@ def _check_report_folder(report: str | Path) -> Path:
 
     StagedFolder.check_start(report, "train")
     return Path(report)
-
-
-def _outputs_sum(pred: Any) -> torch.Tensor:
-    """A stand-in loss for the guard's replay: the sum of every floating output."""
-    tensors = [t.float().sum() for t in tensors_in(pred) if t.is_floating_point()]
-    return torch.stack(tensors).sum()
-
-
-def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype the forward runs under, so the replay overflows where the run did."""
-    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-
-
-def _stop_message(step: int, reason: str, report: NonFiniteReport) -> str:
-    """One paragraph: where the watch stopped, what was kept, and the blame."""
-    blame = str(report)
-    if not report.found:
-        blame = (
-            "Replayed alone (forward, and a backward of the sum of the outputs), the batch stays finite: the "
-            "fault is in what the loop adds — the loss function or the targets, the loss scale, a change "
-            "to the gradients."
-        )
-    return (
-        f"hs.watch stopped optimizer step {step}: the first non-finite value was in the {reason}. The "
-        f"step was not taken, so the model keeps the weights of step {step}. {blame}"
-    )

@@ -1,13 +1,10 @@
 """The engine fed by explicit calls, with no training loop around it: what any adapter relies on."""
 
-import math
-
 import torch
 from torch import nn
 
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding
-from hookscope.doctor.guard import NonFiniteCheck
 from hookscope.doctor.records import module_in_training
 
 
@@ -122,38 +119,6 @@ def test_forwards_that_do_not_train_are_ignored_when_the_module_decides():
     engine.close()
     (record,) = engine.activations.history["0"]
     assert record.stats.count == 32 * 16
-
-
-def test_the_guard_decision_names_the_first_failed_check_and_clears_when_all_is_finite():
-    model = nn.Sequential(nn.Linear(2, 2))
-    check = NonFiniteCheck(None, training=module_in_training)
-    check.attach(model)
-    model(torch.ones(1, 2)).sum().backward()
-    check.loss(torch.tensor(1.0))
-    assert check.decide(model.parameters(), torch.device("cpu")) is None
-    assert check.extremes == [] and check.losses == []
-    check.loss(torch.tensor(math.nan))
-    assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
-    model(torch.full((1, 2), math.inf))
-    assert check.decide(model.parameters(), torch.device("cpu")) == "activation"
-    check.detach()
-    assert len(model[0]._forward_hooks) == 0
-
-
-def test_the_guard_sums_a_loss_of_several_values_without_overflow_and_keeps_an_unchecked_group():
-    model = nn.Sequential(nn.Linear(2, 2))
-    check = NonFiniteCheck(None, training=module_in_training)
-    check.attach(model)
-    check.loss(torch.full((4,), 3e38))  # finite float32 values whose float32 sum would be inf
-    assert check.decide(model.parameters(), torch.device("cpu")) is None
-    check.loss(torch.tensor([1.0, math.nan]))
-    assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
-    check.clear()
-    model(torch.full((1, 2), math.inf))  # a checkpoint taken inside a group that saw an inf output
-    restored = NonFiniteCheck(None, training=module_in_training)
-    restored.load_state_dict(check.state_dict(), torch.device("cpu"))
-    assert restored.decide(model.parameters(), torch.device("cpu")) == "activation"
-    check.detach()
 
 
 def test_a_flatten_is_no_layer_of_units_but_a_dead_relu_before_it_is_still_named():

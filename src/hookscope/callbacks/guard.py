@@ -19,14 +19,13 @@ overflow only happens there — and ``CancelFitException`` ends the fit with the
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
 from hookscope import compat
-from hookscope.doctor.guard import NonFiniteCheck
-from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
+from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
+from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.tensors import model_device
 from hookscope.train import distributed
@@ -54,17 +53,16 @@ class NonFiniteGuard(Callback):
         self.stopped_at: int | None = None
         self.reason: str | None = None
         self.check = NonFiniteCheck(select, training=lambda module: self.learn.training)
+        self.journal = BatchJournal(torch.device("cpu"))  # the batches since the last check
         self._checked = True  # no batch since the last check: the next one snapshots the buffers
         self._buffers: list[torch.Tensor] = []
         self._saved: list[torch.Tensor] = []
         self._params: list[torch.nn.Parameter] = []  # the model's, taken once per fit (not once per step)
-        # (xb, yb, RNG states, autocast dtype or None) of the batches since the last check
-        self._batches: list[tuple[tuple, tuple, tuple, torch.dtype | None]] = []
         self._resumed: dict[str, Any] = {}  # a checkpoint's unchecked group, applied in before_fit
 
     def before_fit(self) -> None:
         self.report = self.stopped_at = self.reason = None
-        self._batches, self._checked = [], True
+        self.journal, self._checked = BatchJournal(self.learn.device), True
         model = self.learn.model
         self.check.attach(model)
         self._params = list(model.parameters())
@@ -78,12 +76,9 @@ class NonFiniteGuard(Callback):
         if self._checked and self._buffers:
             compat.foreach_copy_(self._saved, self._buffers)
         self._checked = False
-        device = self.learn.device
-        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         # MixedPrecision (which runs first) has entered autocast for this batch when it is on
-        amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         if self.learn.yb:  # only batches that reach a loss lead to a step (and a check)
-            self._batches.append((self.learn.xb, self.learn.yb, (torch.get_rng_state(), cuda), amp))
+            self.journal.record(self.learn.xb, targets=self.learn.yb)
 
     def after_loss(self) -> None:
         self.check.loss(self.learn.loss)
@@ -92,7 +87,8 @@ class NonFiniteGuard(Callback):
         reason = self.check.decide(self._params, self.learn.loss.device)
         if reason is not None:
             self._stop(reason)
-        self._batches, self._checked = [], True
+        self.journal.clear()
+        self._checked = True
 
     def after_fit(self) -> None:
         self.check.detach()
@@ -131,7 +127,7 @@ class NonFiniteGuard(Callback):
             compat.foreach_copy_(self._buffers, self._saved)
         self.check.detach()
         # under torchrun every rank stops here together; the rank whose batch holds the fault names it
-        reports = distributed.all_gather(self._blame(learn))
+        reports = distributed.all_gather(self.journal.blame(learn.model, learn.loss_func))
         self.report = next((r for r in reports if r.found), reports[0])
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
@@ -140,37 +136,13 @@ class NonFiniteGuard(Callback):
             Console(stderr=True, highlight=False).print(self.message(), markup=False)
         raise CancelFitException()
 
-    def _blame(self, learn: Any) -> NonFiniteReport:
-        """find_nonfinite on each batch since the last good step (several with gradient accumulation),
-        each from its own RNG state so the replay draws the same dropout masks; the first one found."""
-        report = NonFiniteReport(found=False)
-        device = model_device(learn.model)
-        for xb, yb, (cpu, cuda), amp in self._batches:
-            torch.set_rng_state(cpu)
-            if cuda is not None:
-                torch.cuda.set_rng_state(cuda, device)
-            autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-            with autocast:
-                report = find_nonfinite(learn.model, xb, learn.loss_func, yb)
-            if report.found:
-                return report
-        return report
-
     def message(self) -> str:
         """One paragraph: where training stopped, what was kept, and the blame."""
-        if self.stopped_at is None:
+        if self.stopped_at is None or self.report is None or self.reason is None:
             return "NonFiniteGuard: every checked loss, activation and gradient was finite."
         learn = self.learn
-        blame = str(self.report)
-        if self.report is not None and not self.report.found:
-            blame = (
-                "Replayed alone (forward, loss and backward under the same autocast, no callbacks, no "
-                "loss scaling), the batch stays finite: the fault comes from what the loop adds — a "
-                "callback that changes the loss or the gradients, the loss scale — so try again without "
-                "them to narrow it down."
-            )
-        return (
-            f"NonFiniteGuard stopped training at step {self.stopped_at} (epoch {learn.epoch}, batch "
-            f"{learn.iter}): the first non-finite value was in the {self.reason}. The update of that step "
-            f"was not applied, so the model keeps the weights of step {self.stopped_at}. {blame}"
+        stopped = (
+            f"NonFiniteGuard stopped training at step {self.stopped_at} (epoch {learn.epoch}, "
+            f"batch {learn.iter})"
         )
+        return stop_message(stopped, self.stopped_at, self.reason, self.report, with_loss=True)

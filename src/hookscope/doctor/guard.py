@@ -7,6 +7,10 @@ in float64 and reads that ONE number to the host, just before the optimizer step
 read per step, whatever the number of layers. Only when it is not finite does it look at which kind
 failed.
 
+When it is not, :class:`BatchJournal` names the culprit: it noted each batch since the last good step
+with what a replay needs (inputs, torch's RNG state, the autocast dtype), replays them with
+:func:`~hookscope.hooks.nonfinite.find_nonfinite` and :func:`stop_message` says it in one paragraph.
+
 What a loop does with a "no" differs: the Learner's ``NonFiniteGuard`` rolls the buffers back and cancels
 the fit, ``hs.watch`` raises :class:`~hookscope.watching.NonFiniteError` from the optimizer's step
 pre-hook (so the step never runs).
@@ -14,8 +18,10 @@ pre-hook (so the step never runs).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,12 +29,24 @@ from torch import nn
 
 from hookscope import compat
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
+from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
 from hookscope.hooks.select import Spec, select
 from hookscope.hooks.stats import several_ranks
 from hookscope.hooks.tensors import tensors_in
 
 CHECKS = ("activation", "loss", "gradient")
 _MAX_VALUES = 4096  # batches that never reach a step (no target): fold the values to keep memory bounded
+# What a replay that stayed finite ran, and what the loop adds to it (the suspects then), with the loop's
+# loss or with the sum of the outputs standing in for it.
+_REPLAYED_WITH_LOSS = (
+    "forward, loss and backward",
+    "a callback that changes the loss or the gradients, the loss scale",
+)
+_REPLAYED_WITH_OUTPUTS_SUM = (
+    "forward, and a backward of the sum of the outputs",
+    "the loss function or the targets, the loss scale, a change to the gradients",
+)
 
 
 class NonFiniteCheck:
@@ -103,6 +121,93 @@ class NonFiniteCheck:
                 self.extremes.extend(torch.aminmax(t.detach()))
         if len(self.extremes) > _MAX_VALUES:
             self.extremes = [_stand_in(_finite(self.extremes, None))]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One noted forward: how the model was called, the targets of its loss, and the state it ran in."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+    targets: tuple
+    rng: TorchRng
+    autocast: torch.dtype | None
+
+
+class BatchJournal:
+    """The batches since the last good step, each with what a faithful replay needs, and the replay.
+
+    :meth:`record` notes a batch just before its forward: the inputs (kept by reference: the loop does
+    not change them), torch's RNG state (so the replay draws the same dropout masks) and the autocast
+    dtype on ``device`` (a float16 overflow only happens under it). :meth:`blame` replays them in order
+    with :func:`~hookscope.hooks.nonfinite.find_nonfinite` until one is found. Several batches with
+    gradient accumulation: the step checks its whole group.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.batches: list[_Batch] = []
+
+    def record(self, args: tuple, kwargs: dict[str, Any] | None = None, targets: tuple = ()) -> None:
+        """Note a forward about to run as ``model(*args, **kwargs)``, whose loss takes ``targets``."""
+        autocast = _autocast_dtype(self.device)
+        self.batches.append(_Batch(tuple(args), dict(kwargs or {}), tuple(targets), torch_rng(), autocast))
+
+    def clear(self) -> None:
+        """The step was checked (or skipped): forget its batches."""
+        self.batches = []
+
+    def blame(self, model: nn.Module, loss_func: Callable[..., torch.Tensor] | None) -> NonFiniteReport:
+        """The first non-finite value of the noted batches, each replayed from its own RNG state and under
+        its autocast. ``loss_func(pred, *targets)`` is the loop's loss; None when the loop's loss is
+        unknown (``hs.watch``): the sum of the outputs stands in, so the backward is replayed too. A
+        forward called with both positional and keyword inputs cannot be replayed and is passed over."""
+        report = NonFiniteReport(found=False)
+        loss = loss_func if loss_func is not None else outputs_sum
+        for batch in self.batches:
+            if batch.args and batch.kwargs:
+                continue
+            restore_torch_rng(batch.rng)
+            autocast = (
+                torch.autocast(self.device.type, dtype=batch.autocast)
+                if batch.autocast is not None
+                else contextlib.nullcontext()
+            )
+            with autocast:
+                report = find_nonfinite(model, batch.kwargs or batch.args, loss, batch.targets)
+            if report.found:
+                return report
+        return report
+
+
+def stop_message(stopped: str, step: int, reason: str, report: NonFiniteReport, with_loss: bool) -> str:
+    """One paragraph after a guard's stop: ``stopped`` says who stopped where ("hs.watch stopped optimizer
+    step 3"), then which check failed, which weights the model keeps, and the blame. ``with_loss``: the
+    replay ran the loop's loss (else the sum of the outputs stood in for it), which narrows the suspects
+    when the replay stays finite."""
+    blame = str(report)
+    if not report.found:
+        replay, adds = _REPLAYED_WITH_LOSS if with_loss else _REPLAYED_WITH_OUTPUTS_SUM
+        blame = (
+            f"Replayed alone ({replay} under the same autocast, no callbacks, no loss scaling), the batch "
+            f"stays finite: the fault comes from what the loop adds — {adds} — so try again without them "
+            "to narrow it down."
+        )
+    return (
+        f"{stopped}: the first non-finite value was in the {reason}. The update of that step was not "
+        f"applied, so the model keeps the weights of step {step}. {blame}"
+    )
+
+
+def outputs_sum(pred: Any) -> torch.Tensor:
+    """A stand-in loss for a replay whose loop's loss is unknown: the sum of every floating output."""
+    tensors = [t.float().sum() for t in tensors_in(pred) if t.is_floating_point()]
+    return torch.stack(tensors).sum()
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype a forward on ``device`` runs under now (None outside autocast)."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
 
 def _all_finite(tensors: list[torch.Tensor], device: torch.device) -> bool:
