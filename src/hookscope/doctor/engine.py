@@ -110,6 +110,8 @@ class Engine:
         self.training_of = self.activations.training_of = self.gradients.training_of = training_of
         self.activations.schedule = self.gradients.schedule = self.schedule
         self.findings: list[Finding] = []
+        # called with the new findings at the end of every check: an adapter logs or acts then
+        self.after_check: list[Callable[[list[Finding]], None]] = []
         self.loss_history: list[tuple[int, float]] = []
         self.saturation_history: dict[str, list[tuple[int, float]]] = {}
         self.valid_phases: list[tuple[int, int, int]] = []
@@ -262,14 +264,17 @@ class Engine:
     # ---- checking ------------------------------------------------------------------------------------
 
     def check(self) -> list[Finding]:
-        """Read what is pending, run every rule, print and keep the new findings; returns them."""
+        """Read what is pending, run every rule, print and keep the new findings, hand them to each
+        ``after_check`` listener; returns them."""
         self._steps_since_check = 0
         self.read_pending()
-        if not self.diagnose_enabled:
-            return []
-        new = self.report(self.diagnose())
-        if self.schedule is not None and self._suspicious():
-            self.schedule.tighten(self._step + 1 + self.check_every)
+        new: list[Finding] = []
+        if self.diagnose_enabled:
+            new = self.report(self.diagnose())
+            if self.schedule is not None and self._suspicious():
+                self.schedule.tighten(self._step + 1 + self.check_every)
+        for listener in self.after_check:
+            listener(new)
         return new
 
     def read_pending(self) -> None:
