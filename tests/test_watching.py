@@ -309,3 +309,22 @@ def test_a_guard_stop_still_writes_the_report_saying_where_it_stopped(tmp_path):
     assert config["error"].startswith("NonFiniteError: hs.watch stopped optimizer step 0")
     findings = json.loads((tmp_path / "run" / "findings.json").read_text())
     assert [(f["kind"], f["module"]) for f in findings] == [("nonfinite", "1")]
+
+
+def test_after_check_listeners_get_the_new_findings_of_each_check_and_the_final_one():
+    torch.manual_seed(0)
+    model = dead_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    checks = []
+    with hs.watch(model, opt, quiet=True, check_every=3) as w:
+        w.after_check.append(lambda new: checks.append((w.step, [(f.kind, f.module) for f in new])))
+        for x, y in list(digits_flat().train)[:7]:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    # the rules ran after steps 3 and 6 (the step count is raised just after the check) and at close
+    assert checks == [(2, [("dead_units", "3")]), (5, []), (7, [])]
+    silent = hs.watch(nn.Linear(2, 2), stats=False, doctor=False, guard=True)
+    silent.after_check.append(checks.append)
+    silent.close()
+    assert len(checks) == 3  # without statistics no check runs, and no listener is called

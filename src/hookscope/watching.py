@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -124,6 +125,7 @@ class Watch:
         self._device = model_device(model)
         self._backward_seen = False  # gradients arrived since the last step closed
         self._journal = BatchJournal(self._device)  # the forwards of this step, for the guard's replay
+        self._no_checks: list[Callable[[list[Finding]], None]] = []  # after_check without an engine
         self._closed = False
         self._started = time.time()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -155,6 +157,13 @@ class Watch:
     def param_history(self) -> dict[str, list[ParamRecord]]:
         """Gradient norm and update ratio per trainable parameter, one record per recorded step."""
         return self._engine.gradients.param_history if self._engine is not None else {}
+
+    @property
+    def after_check(self) -> list[Callable[[list[Finding]], None]]:
+        """Functions called with the new findings at the end of every check (the rules' run every
+        ``check_every`` steps, :meth:`check`, the final one at close); append to it to act then. None
+        is called with ``stats=False``: no check runs."""
+        return self._engine.after_check if self._engine is not None else self._no_checks
 
     # ---- what a loop calls ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.integrations._common import StepSeen, user_model
+from hookscope.integrations._common import StepSeen, WatchCallback, user_model
 
 
 class Holder(nn.Module):
@@ -81,3 +81,40 @@ def test_without_the_framework_the_import_says_how_to_install_it(framework: str,
         last.startswith("ImportError: hookscope.integrations.")
         and "pip install 'hookscope[integrations]'" in last
     )
+
+
+class PlainLoopCallback(WatchCallback):
+    """A framework reduced to its events, to drive the shared base the way each integration does."""
+
+
+def _hooks_left(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_the_shared_base_counts_real_steps_forgets_skipped_ones_and_closes_an_earlier_watch() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    holder = Holder(net)
+    opt = torch.optim.SGD(holder.parameters(), lr=0.1)
+    callback = PlainLoopCallback(quiet=True, check_every=2, every=1)
+    first = callback._start(holder, None, [opt])
+    second = callback._start(holder, None, [opt])  # a fit after one that raised: the old watch goes
+    assert first is not second and _hooks_left(net) > 0
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    for step in range(3):
+        loss = holder.loss_func(holder.net(torch.rand(8, 4)), torch.randint(0, 2, (8,)))
+        callback._log(loss)
+        scaler.scale(loss).backward()
+        if step == 1:
+            net[0].weight.grad.fill_(float("inf"))  # the scaler skips this step
+        scaler.unscale_(opt)
+        callback._gradients_ready()
+        scaler.step(opt)
+        scaler.update()
+        callback._step_ended()
+        opt.zero_grad()
+    assert callback.watch is second and second.step == 2
+    assert [len(records) for records in second.gradients.values()] == [2] * len(second.gradients)
+    callback.close()
+    callback.close()
+    assert _hooks_left(net) == 0 and callback.findings == second.findings

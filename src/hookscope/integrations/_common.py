@@ -1,4 +1,6 @@
-"""What the framework callbacks share: which module to watch, checked options, and whether a step happened."""
+"""What the framework callbacks share: :class:`WatchCallback` (a Watch built from checked options over the
+user's model, fed the step's outcome, closed at the end), which module to watch, and whether a step
+happened. Each integration keeps only its framework's mapping of events to these calls."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch import nn
 from hookscope.hooks.handles import HookSet
 
 if TYPE_CHECKING:
+    from hookscope.doctor.findings import Finding
     from hookscope.watching import Watch
 
 INSTALL_HINT = "pip install 'hookscope[integrations]'"
@@ -80,6 +83,67 @@ class StepSeen:
 
     def remove(self) -> None:
         self._hooks.remove()
+
+
+class WatchCallback:
+    """The part of a framework's ``HookscopeCallback`` that is the same in every framework; mixed in before
+    the framework's callback class, which gives the events.
+
+    ``options`` are ``hs.watch``'s, checked when the callback is made. :meth:`_start` opens a Watch at the
+    start of a fit (closing an earlier one: a framework that fires no event when a fit raises leaves it
+    open), :meth:`_gradients_ready` reads the gradients once per optimizer step, :meth:`_step_ended`
+    tells a real step from one a ``GradScaler`` skipped, :meth:`close` runs the last check.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.options = watch_options(type(self).__name__, options)
+        self.watch: Watch | None = None
+        self._steps = StepSeen()
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The findings of the latest fit (empty before one)."""
+        return [] if self.watch is None else self.watch.findings
+
+    def _start(
+        self, wrapper: nn.Module, model: nn.Module | None, optimizers: Iterable[Any] | None = None
+    ) -> Watch:
+        """A new Watch over the user's model inside the framework's ``wrapper`` (``model`` when the user
+        chose it, see :func:`user_model`); ``optimizers`` are hooked to see whether each step happened."""
+        from hookscope.watching import watch
+
+        self.close()
+        self.watch = watch(user_model(wrapper, model), **self.options)
+        if optimizers is not None:
+            self._steps.attach(optimizers)
+        return self.watch
+
+    def _log(self, loss: torch.Tensor) -> None:
+        """This training batch's loss, to the loss rules (on the device)."""
+        if self.watch is not None:
+            self.watch.log(loss.detach())
+
+    def _gradients_ready(self) -> None:
+        """The gradients of this optimizer step are final (unscaled): read and check them."""
+        if self.watch is None:
+            return
+        self.watch.gradients_ready()
+        self._steps.reset()
+
+    def _step_ended(self) -> None:
+        """The framework's optimizer step is over: close it if the optimizer stepped, else forget it."""
+        if self.watch is None:
+            return
+        if self._steps.stepped:
+            self.watch.step_done()
+        else:
+            self.watch.skip_step()
+
+    def close(self) -> None:
+        """Run the last check and remove every hook (idempotent; the end of a fit calls it)."""
+        self._steps.remove()
+        if self.watch is not None:
+            self.watch.close()
 
 
 def scalars(watch: Watch) -> dict[str, float]:

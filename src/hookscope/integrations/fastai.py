@@ -10,11 +10,11 @@ This module is the integration: it imports fastai when it is imported, and hooks
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-from hookscope.integrations._common import missing_framework, user_model, watch_options
+from hookscope.integrations._common import WatchCallback, missing_framework
 
 try:
     from fastai.callback.core import Callback
@@ -22,12 +22,8 @@ try:
 except ImportError as err:
     raise missing_framework(__name__, "fastai") from err
 
-if TYPE_CHECKING:
-    from hookscope.doctor.findings import Finding
-    from hookscope.watching import Watch
 
-
-class HookscopeCallback(Callback):
+class HookscopeCallback(WatchCallback, Callback):
     """Watches a fastai Learner's training with ``hs.watch``; the Learner holds it as ``learn.hookscope``,
     and ``learn.hookscope.findings`` holds what the doctor found.
 
@@ -40,29 +36,19 @@ class HookscopeCallback(Callback):
     run_valid = False
 
     def __init__(self, watched: nn.Module | None = None, **options: Any) -> None:
+        super().__init__(**options)
         # not ``model``: a fastai callback must not shadow an attribute of its Learner
         self.watched = watched
-        self.options = watch_options(type(self).__name__, options)
-        self.watch: Watch | None = None
-
-    @property
-    def findings(self) -> list[Finding]:
-        """The findings of the latest fit (empty before one)."""
-        return [] if self.watch is None else self.watch.findings
 
     def before_fit(self) -> None:
-        from hookscope.watching import watch
-
-        self.close()
-        self.watch = watch(user_model(self.learn.model, self.watched), **self.options)
+        self._start(self.learn.model, self.watched)
 
     def after_loss(self) -> None:
-        if self.watch is not None and self.learn.training:
-            self.watch.log(self.learn.loss.detach())
+        if self.learn.training:
+            self._log(self.learn.loss)
 
     def before_step(self) -> None:
-        if self.watch is not None:
-            self.watch.gradients_ready()
+        self._gradients_ready()
 
     def after_step(self) -> None:
         if self.watch is not None:
@@ -74,8 +60,3 @@ class HookscopeCallback(Callback):
 
     def after_fit(self) -> None:
         self.close()
-
-    def close(self) -> None:
-        """Run the last check and remove every hook (idempotent; the end of ``fit`` calls it)."""
-        if self.watch is not None:
-            self.watch.close()

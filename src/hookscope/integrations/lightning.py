@@ -13,24 +13,20 @@ hookscope never imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from hookscope.integrations._common import StepSeen, missing_framework, scalars, user_model, watch_options
+from hookscope.integrations._common import WatchCallback, missing_framework, scalars
 
 try:
     import lightning.pytorch as pl
 except ImportError as err:
     raise missing_framework(__name__, "Lightning") from err
 
-if TYPE_CHECKING:
-    from hookscope.doctor.findings import Finding
-    from hookscope.watching import Watch
 
-
-class HookscopeCallback(pl.Callback):
+class HookscopeCallback(WatchCallback, pl.Callback):
     """Watches a LightningModule's training with ``hs.watch``: findings print as they appear and are in
     ``.findings`` after ``fit``.
 
@@ -44,55 +40,35 @@ class HookscopeCallback(pl.Callback):
     """
 
     def __init__(self, model: nn.Module | None = None, **options: Any) -> None:
+        super().__init__(**options)
         self.model = model
-        self.options = watch_options(type(self).__name__, options)
-        self.watch: Watch | None = None
-        self._steps = StepSeen()
         self._ready = False
 
-    @property
-    def findings(self) -> list[Finding]:
-        """The findings of the latest fit (empty before one)."""
-        return [] if self.watch is None else self.watch.findings
-
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from hookscope.watching import watch
-
-        self.watch = watch(user_model(pl_module, self.model), **self.options)
-        self._steps.attach(trainer.optimizers)
+        watch = self._start(pl_module, self.model, trainer.optimizers)
+        watch.after_check.append(lambda findings: self._log_scalars(trainer))
         self._ready = False
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self.watch is None:
-            return
-        self.watch.gradients_ready()
-        self._steps.reset()
-        self._ready = True
+        self._gradients_ready()
+        self._ready = self.watch is not None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.watch is None:
-            return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             # Lightning hands back the loss divided by accumulate_grad_batches; the rules want the batch's
-            self.watch.log(loss.detach() * trainer.accumulate_grad_batches)
-        if not self._ready:
-            return
-        self._ready = False
-        if not self._steps.stepped:
-            self.watch.skip_step()
-            return
-        self.watch.step_done()
-        if self.watch.step % self.watch.options["check_every"] == 0:
-            self._log_scalars(trainer)
+            self._log(loss * trainer.accumulate_grad_batches)
+        if self._ready:  # the last micro-batch of an optimizer step
+            self._ready = False
+            self._step_ended()
 
     def _log_scalars(self, trainer: pl.Trainer) -> None:
         """Right after a check, which read every pending statistic: this costs no extra host sync."""
-        if not trainer.loggers:
+        if not trainer.loggers or self.watch is None:
             return
         metrics = scalars(self.watch)
         for logger in trainer.loggers:
@@ -107,7 +83,8 @@ class HookscopeCallback(pl.Callback):
         self.close()
 
     def close(self) -> None:
-        """Run the last check and remove every hook (idempotent; ``fit`` calls it at its end)."""
-        self._steps.remove()
+        """Run the last check and remove every hook (idempotent; ``fit`` calls it at its end). The loggers
+        get the checks during the fit, not this last one, run as the fit ends."""
         if self.watch is not None:
-            self.watch.close()
+            self.watch.after_check.clear()
+        super().close()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hookscope.hooks.handles import HookSet
-from hookscope.integrations._common import StepSeen, missing_framework, user_model, watch_options
+from hookscope.integrations._common import WatchCallback, missing_framework
 
 try:
     from transformers import TrainerCallback
@@ -29,11 +29,8 @@ except ImportError as err:
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from hookscope.doctor.findings import Finding
-    from hookscope.watching import Watch
 
-
-class HookscopeCallback(TrainerCallback):
+class HookscopeCallback(WatchCallback, TrainerCallback):
     """Watches a ``transformers.Trainer``'s training with ``hs.watch``; ``.findings`` after ``train()``.
 
     ``model``: the module to watch and name findings after (default: the Trainer's model, or its only child
@@ -43,49 +40,31 @@ class HookscopeCallback(TrainerCallback):
     """
 
     def __init__(self, model: nn.Module | None = None, **options: Any) -> None:
+        super().__init__(**options)
         self.model = model
-        self.options = watch_options(type(self).__name__, options)
-        self.watch: Watch | None = None
-        self._steps = StepSeen()
         self._loss_hook = HookSet()
-
-    @property
-    def findings(self) -> list[Finding]:
-        """The findings of the latest ``train()`` (empty before one)."""
-        return [] if self.watch is None else self.watch.findings
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        from hookscope.watching import watch
-
-        self.close()
-        model, optimizer = kwargs["model"], kwargs["optimizer"]
-        self.watch = watch(user_model(model, self.model), **self.options)
-        self._steps.attach([optimizer])
+        model = kwargs["model"]
+        self._start(model, self.model, [kwargs["optimizer"]])
         self._loss_hook.forward(model, self._log_loss)
 
     def _log_loss(self, module: nn.Module, args: Any, output: Any) -> None:
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor) and self.watch is not None:
-            self.watch.log(loss.detach())
+        if module.training and isinstance(loss, torch.Tensor):
+            self._log(loss)
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.watch is not None:
-            self.watch.gradients_ready()
-            self._steps.reset()
+        self._gradients_ready()
 
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.watch is None:
-            return
-        if self._steps.stepped:
-            self.watch.step_done()
-        else:
-            self.watch.skip_step()
+        self._step_ended()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -95,6 +74,4 @@ class HookscopeCallback(TrainerCallback):
     def close(self) -> None:
         """Run the last check and remove every hook (idempotent; the end of ``train()`` calls it)."""
         self._loss_hook.remove()
-        self._steps.remove()
-        if self.watch is not None:
-            self.watch.close()
+        super().close()
