@@ -12,9 +12,10 @@ optimizer state (reading less often would mean rolling both back, and losing the
 On CPU the read is free; on a GPU it costs the run-ahead of one step, and only while the guard is attached.
 
 When a check fails the step is skipped, the buffers (BatchNorm running statistics) and the RNG are put
-back as they were before the batch, :func:`hookscope.find_nonfinite` replays the offending batch to name
-the module, op and phase — under the autocast the batch ran with (``MixedPrecision``), since a float16
-overflow only happens there — and ``CancelFitException`` ends the fit with the last good weights in place.
+back as they were before the batch, the :class:`~hookscope.doctor.guard.BatchJournal` (shared with
+``hs.watch``) replays the offending batch with :func:`hookscope.find_nonfinite` to name the module, op and
+phase — under the autocast the batch ran with (``MixedPrecision``), since a float16 overflow only happens
+there — and ``CancelFitException`` ends the fit with the last good weights in place.
 """
 
 from __future__ import annotations
