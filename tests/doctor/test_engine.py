@@ -8,7 +8,7 @@ from torch import nn
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding
 from hookscope.doctor.guard import NonFiniteCheck
-from hookscope.doctor.records import module_in_training
+from hookscope.doctor.selection import module_in_training
 
 
 def _dead_model():
@@ -76,10 +76,10 @@ def test_whole_model_kinds_are_reported_once_per_run_other_kinds_once_per_module
     def finding(kind, module):
         return Finding(kind, module, 0, "warning", "m")
 
-    new = engine.report([finding("dead_units", "a"), finding("dead_units", "b"), finding("dead_units", "a")])
+    new = engine.add_findings([finding("dead_units", n) for n in ("a", "b", "a")])
     assert [f.module for f in new] == ["a", "b"]
-    assert engine.report([finding("loss_divergence", ""), finding("exploding_gradient", "x")]) != []
-    assert engine.report([finding("exploding_gradient", "y")]) == []  # whole-model: once per run
+    assert engine.add_findings([finding("loss_divergence", ""), finding("exploding_gradient", "x")]) != []
+    assert engine.add_findings([finding("exploding_gradient", "y")]) == []  # whole-model: once per run
     assert len(engine.findings) == 4
 
 
