@@ -87,6 +87,7 @@ class Engine:
             select=select, output_grads=True, read_every=check_every, owner=owner
         )
         self.saturation = SaturationRecorder(self.thresholds.saturation_margin)
+        self._recorders = (self.activations, self.gradients, self.saturation)
         self.training_of = training_of
         for recorder in self._recorders:
             recorder.training_of = training_of
@@ -110,10 +111,6 @@ class Engine:
         # The loss rules' state: a divergence scan per (window, factor); the stall rule's last result.
         self._scans: dict[tuple[int, float], rules.DivergenceScan] = {}
         self._stall_memo: tuple[Thresholds, int, list[Finding]] | None = None
-
-    @property
-    def _recorders(self) -> tuple[ActivationRecorder, GradientRecorder, SaturationRecorder]:
-        return (self.activations, self.gradients, self.saturation)
 
     @property
     def findings(self) -> list[Finding]:
@@ -166,7 +163,6 @@ class Engine:
         recorded = False
         if training:
             self._step = step
-            self.cadence.follow(max(r.thinnings for r in self._recorders))
             recorded = self.cadence(step)
         for recorder in self._recorders:
             recorder.begin_batch(step, training, recorded)
@@ -269,6 +265,11 @@ class Engine:
         self.activations.flush()
         self.gradients.flush()
         self._read_own()
+        self._follow_thinnings()
+
+    def _follow_thinnings(self) -> None:
+        """The histories may have been thinned (only reads thin them): a fixed interval doubles with them."""
+        self.cadence.follow(max(recorder.thinnings for recorder in self._recorders))
 
     def diagnose(self) -> list[Finding]:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
@@ -413,6 +414,7 @@ class Engine:
         self.epoch_losses = [(int(e), int(s), t, v) for e, s, t, v in rows]
         if self.cadence.schedule is not None and state.get("schedule"):
             self.cadence.schedule.load_state_dict(state["schedule"])
+        self._follow_thinnings()
         self._losses, self._pending_valid = [], []
 
     # ---- the engine's own statistics -----------------------------------------------------------------

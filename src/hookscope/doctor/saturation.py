@@ -65,6 +65,8 @@ class SaturationRecorder:
 
     def end_batch(self) -> None:
         """Fold this step's shares into one device scalar per layer, keyed by the step."""
+        if not self._recording:
+            return
         for name, values in self._window.items():
             if values:
                 self._pending.append((name, self._step, torch.stack(values).mean()))
@@ -94,7 +96,8 @@ class SaturationRecorder:
             self.history[name].append((step, float(share)))
         if pending:
             self.version += 1
-            self.thinnings += thin_if_full(self.history, self.max_history)
+        while thin_if_full(self.history, self.max_history):
+            self.thinnings += 1
 
     def state_dict(self) -> dict[str, Any]:
         """The history, thinned to ``SAVED_RECORDS`` per layer, and how often it was thinned."""
