@@ -1,6 +1,6 @@
 """The doctor's rules: plain functions from host-side statistics to :class:`Finding` objects.
 
-Each rule reads what the recorders of :mod:`hookscope.doctor.records` and the engine
+Each rule reads what the recorders of :mod:`hookscope.doctor.recorders` and the engine
 (:mod:`hookscope.doctor.engine`, which runs them all in one place) recorded, and says in plain words
 what is wrong, where, since which step, and what usually fixes it. The thresholds live in
 :class:`Thresholds`; their defaults were chosen so that the healthy reference models (the digits CNN, an
