@@ -97,11 +97,11 @@ def check_cost(lengths: tuple[int, ...], checks: int, clock: Callable[[], float]
         engine = Engine(every=None, quiet=True)
         engine.attach(nn.Sequential(nn.Linear(4, 4)))
         noise = torch.rand(n + 10 * checks, generator=gen).tolist()
-        engine.loss_history = [(i, 2.0 * 0.99995**i + 0.1 * noise[i]) for i in range(n)]
+        engine.record_losses((i, 2.0 * 0.99995**i + 0.1 * noise[i]) for i in range(n))
         engine.check()
         start = clock()
         for c in range(checks):
-            engine.loss_history += [(i, 1.0 + 0.1 * noise[i]) for i in range(n + 10 * c, n + 10 * c + 10)]
+            engine.record_losses((i, 1.0 + 0.1 * noise[i]) for i in range(n + 10 * c, n + 10 * c + 10))
             engine.check()
         per_check = (clock() - start) / checks
         print(f"  at step {n:>7,}: {per_check * 1e3:7.3f} ms per check, {per_check * 1e5:6.2f} us per step")

@@ -41,7 +41,8 @@ from hookscope import compat
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
-from hookscope.doctor.records import ParamRecord, StepStats, module_in_training
+from hookscope.doctor.record_types import ParamRecord, StepStats
+from hookscope.doctor.selection import module_in_training
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec

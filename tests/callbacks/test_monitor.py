@@ -5,7 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
+from hookscope.callbacks.layer_stats import ActivationStats, GradientStats, ParamRecord, StepStats
 
 
 def loaders(n: int = 48, batch: int = 8, seed: int = 0) -> tuple[DataLoader, DataLoader]:
@@ -99,7 +99,7 @@ def test_history_is_bounded_and_still_spans_the_whole_run():
     steps = [r.step for r in acts.history["2"]]
     assert len(steps) <= 4
     assert steps[0] == 0 and steps[-1] >= 12
-    assert acts.stride > 1
+    assert acts.every > 1
 
 
 def test_pending_records_of_all_layers_and_steps_are_read_in_one_transfer(monkeypatch):
@@ -309,15 +309,26 @@ def test_gradient_stats_see_unscaled_gradients_under_float16_loss_scaling():
     assert got[0] == pytest.approx(want[0], rel=0.05)
 
 
-def test_the_callbacks_drive_the_recorder_they_are_given():
-    """The Doctor hands its engine's recorders to these adapters: what they record is the engine's."""
-    from hookscope.doctor.records import ActivationRecorder, GradientRecorder
+def test_standalone_stats_record_on_their_own_cadence_and_are_the_fits_layer_statistics():
+    from hookscope.callbacks.layer_stats import layer_statistics
 
-    activations, gradients = ActivationRecorder(every=2), GradientRecorder(every=3)
-    acts, grads = ActivationStats(recorder=activations), GradientStats(recorder=gradients)
+    acts, grads = ActivationStats(every=2), GradientStats(every=3)
     learn = learner(small_cnn(), acts, grads)
     learn.fit(1)  # 6 steps
-    assert acts.recorder is activations and grads.recorder is gradients
-    assert [r.step for r in activations.history["0"]] == [0, 2, 4] == [r.step for r in acts.history["0"]]
-    assert [r.step for r in gradients.param_history["0.weight"]] == [0, 3]
+    assert [r.step for r in acts.history["0"]] == [0, 2, 4]
+    assert [r.step for r in grads.param_history["0.weight"]] == [0, 3]
+    statistics = layer_statistics(learn)
+    assert statistics.activations is acts.recorder and statistics.gradients is grads.recorder
     assert all_hooks(learn.model) == 0
+
+
+def test_the_old_module_path_and_stride_still_work_with_a_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("hookscope.callbacks.monitor", None)
+    with pytest.warns(DeprecationWarning, match="layer_stats"):
+        monitor = importlib.import_module("hookscope.callbacks.monitor")
+    assert monitor.ActivationStats is ActivationStats
+    with pytest.warns(DeprecationWarning, match="every"):
+        assert ActivationStats(every=4).stride == 4

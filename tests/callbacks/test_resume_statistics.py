@@ -7,7 +7,7 @@ from torch import nn
 
 import hookscope as hs
 from hookscope.callbacks import Checkpoint
-from hookscope.doctor import records
+from hookscope.doctor import history_codec
 from hookscope.train.checkpoint import load_checkpoint
 
 EVERY_N_STEPS = 2
@@ -112,8 +112,8 @@ def test_statistics_state_is_plain_and_round_trips(tmp_path):
     restored_acts.load_state_dict(saved["activation_stats"])
     restored_grads.load_state_dict(saved["gradient_stats"])
 
-    assert activations.stride > 1 and restored_acts.stride == activations.stride
-    assert restored_grads.stride == gradients.stride
+    assert activations.every > 1 and restored_acts.every == activations.every
+    assert restored_grads.every == gradients.every
     assert _stats(restored_acts.history) == _stats(activations.history)
     assert _stats(restored_acts.valid_history) == _stats(activations.valid_history) != {}
     assert _stats(restored_grads.history) == _stats(gradients.history)
@@ -134,7 +134,7 @@ def _stats(history) -> dict[str, list]:
 
 
 def test_a_checkpoint_thins_long_histories_to_saved_records(tmp_path, monkeypatch):
-    monkeypatch.setattr(records, "SAVED_RECORDS", 4)
+    monkeypatch.setattr(history_codec, "SAVED_RECORDS", 4)
     activations, gradients = hs.callbacks.ActivationStats(), hs.callbacks.GradientStats()
     torch.manual_seed(0)
     cbs = [activations, gradients, Checkpoint(tmp_path)]
@@ -144,7 +144,7 @@ def test_a_checkpoint_thins_long_histories_to_saved_records(tmp_path, monkeypatc
     restored = hs.callbacks.ActivationStats()
     restored.load_state_dict(saved["activation_stats"])
     # 23 records per layer: every 8th (steps 0, 8, 16) fits 4, the same records repeated halving keeps
-    assert restored.stride == 8 and saved["gradient_stats"]["stride"] == 8
+    assert restored.every == 8 and saved["gradient_stats"]["thinnings"] == 3
     assert _stats(restored.history) == {n: _stats(activations.history)[n][::8] for n in activations.history}
     assert all(len(c["step"]) == 3 for c in saved["gradient_stats"]["param_history"].values())
 

@@ -56,7 +56,8 @@ def test_one_callback_gives_a_fit_the_whole_run_folder_and_report(tmp_path):
     learner = config["learner"]
     assert learner["model"] == "Sequential" and learner["loss_func"] == "CrossEntropyLoss"
     assert learner["epochs"] == 2 and learner["batch_size"] == 8 and learner["lr"] == 1e-2
-    assert learner["callbacks"] == ["Recorder", "Doctor", "RunFolder"]
+    # the Doctor's guard and the RunFolder's MetricsLogger are companions: callbacks of the Learner too
+    assert learner["callbacks"] == ["Recorder", "Doctor", "NonFiniteGuard", "RunFolder", "MetricsLogger"]
     assert config["duration_s"] > 0 and "torch" in config["versions"]
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     epochs = [row for row in epochs if row["kind"] == "epoch"]

@@ -29,7 +29,7 @@ def test_defaults_are_the_demo():
 def test_default_callbacks(tmp_path):
     cbs = train_callbacks(TrainOptions(), tmp_path / "run")
     assert [type(cb) for cb in cbs] == [OneCycle, Doctor, RunFolder]
-    assert [type(cb) for cb in cbs[-1].parts] == [MetricsLogger, Checkpoint]
+    assert [type(cb) for cb in cbs[-1].companions] == [MetricsLogger, Checkpoint]
     checkpoint = cbs[-1].checkpoint
     assert checkpoint.dir == tmp_path / ".run.partial" / "checkpoints" and checkpoint.monitor == "valid_loss"
 

@@ -116,3 +116,59 @@ def test_between_recorded_steps_the_model_runs_without_the_doctors_hooks():
     assert [step for step, count in seen.train.items() if count] == recorded
     assert len(seen.valid) == 3 * 6 and all(seen.valid)  # every validation phase is recorded
     assert sum(len(m._forward_hooks) for m in learn.model.modules()) == 0
+
+
+class _HooksInStep(hs.Callback):
+    """Forward hooks and gradient (tensor) hooks on the model during each training step's forward."""
+
+    order = 100
+
+    def __init__(self):
+        self.forward, self.saturation = {}, {}
+
+    def after_pred(self):
+        if not self.learn.training:
+            return
+        model = self.learn.model
+        self.forward[self.learn.training_step] = sum(len(m._forward_hooks) for m in model.modules())
+        self.saturation[self.learn.training_step] = len(model[-1]._forward_hooks)  # the Tanh
+
+
+def test_every_3_registers_activation_gradient_and_saturation_hooks_only_on_every_third_step():
+    torch.manual_seed(0)
+    seen = _HooksInStep()
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10), nn.Tanh())
+    doctor = hs.callbacks.Doctor(every=3, quiet=True, guard=False)
+    learn = hs.Learner(model, digits_flat(), nn.CrossEntropyLoss(), cbs=[doctor, seen], progress=False)
+    learn.fit(1)  # 23 steps
+    hooked = [step for step, count in seen.forward.items() if count]
+    assert hooked == list(range(0, 23, 3))
+    # on those steps every watched layer holds the activation and the output-gradient hook, and the
+    # Tanh the saturation hook on top; on the others the model runs bare
+    assert all(seen.forward[s] == 2 * 4 + 1 for s in hooked) and set(seen.saturation.values()) == {0, 3}
+    assert [s for s, n in seen.saturation.items() if n] == hooked
+    assert [step for step, _ in doctor.engine.saturation_history["3"]] == hooked
+    assert [r.step for r in doctor.gradients.param_history["0.weight"]] == hooked
+
+
+def test_the_doctor_is_one_entry_of_the_dispatch_table_and_its_guard_a_callback_of_its_own():
+    doctor = hs.callbacks.Doctor(quiet=True)
+    learn = hs.Learner(mlp(depth=2), digits_flat(), nn.CrossEntropyLoss(), cbs=[doctor], progress=False)
+    assert [cb for cb in learn.cbs if isinstance(cb, hs.callbacks.Doctor)] == [doctor]
+    assert doctor.guard in learn.cbs and doctor.guard.learn is learn
+    stats = (hs.callbacks.ActivationStats, hs.callbacks.GradientStats)
+    assert not any(isinstance(cb, stats) for cb in learn.cbs)
+    events, _ = learn._resolve()
+    owners = [method.__self__ for method in events["before_step"]]
+    assert owners.count(doctor) == 1 and owners.index(doctor) < owners.index(doctor.guard)
+    learn.remove_cb(doctor)
+    assert doctor.guard not in learn.cbs
+
+
+def test_the_doctor_reads_gradients_after_unscaling_and_before_clipping():
+    doctor = hs.callbacks.Doctor(quiet=True)
+    clip, precision = hs.callbacks.GradientClip(1.0), hs.callbacks.MixedPrecision()
+    learn = hs.Learner(mlp(depth=2), digits_flat(), nn.CrossEntropyLoss(), cbs=[clip, doctor, precision])
+    events, _ = learn._resolve()
+    owners = [method.__self__ for method in events["before_step"]]
+    assert owners.index(precision) < owners.index(doctor) < owners.index(clip)

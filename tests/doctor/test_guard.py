@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hookscope as hs
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
-from hookscope.doctor.records import module_in_training
+from hookscope.doctor.selection import module_in_training
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.watching import NonFiniteError
 

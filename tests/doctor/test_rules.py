@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hookscope.doctor.findings import Thresholds
-from hookscope.doctor.records import ParamRecord, StepStats
+from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.rules import (
     DivergenceScan,
     dead_units,
@@ -76,9 +76,10 @@ losses = st.lists(
 def test_the_divergence_scan_fed_piece_by_piece_finds_the_first_divergence_of_the_whole_history(values, cuts):
     history, scan, end = [], DivergenceScan(TH.loss_window, TH.divergence_factor), 0
     for cut in [*cuts, len(values)]:  # a check after each piece of the history
-        history += [(step, v) for step, v in enumerate(values[end : end + cut], start=end)]
+        piece = [(step, v) for step, v in enumerate(values[end : end + cut], start=end)]
+        history += piece
         end = len(history)
-        scan.update(history)
+        scan.update(piece)  # only the losses since the last check, as the engine feeds it
         expected = _first_divergence([v for _, v in history])
         assert [f.step for f in scan.findings()] == ([] if expected is None else [expected])
 

@@ -9,8 +9,7 @@ from torch import nn
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Thresholds
-from hookscope.doctor.records import ParamRecord
-from hookscope.doctor.schedule import Schedule
+from hookscope.doctor.record_types import ParamRecord
 
 TH = Thresholds()
 
@@ -87,16 +86,6 @@ def test_overfitting_needs_a_rising_validation_loss_and_a_falling_training_loss(
     worse = [(e, s, t + e, v) for e, s, t, v in rows]  # the training loss rose too: not overfitting
     assert rules.overfitting(worse, TH) == []
     assert rules.overfitting([(e, s, t, math.nan) for e, s, t, _ in rows], TH) == []
-
-
-def test_schedule_records_warmup_interval_and_alerts_and_resumes_its_alert():
-    schedule = Schedule(warmup=3, every=10)
-    assert [s for s in range(25) if schedule(s)] == [0, 1, 2, 10, 20]
-    schedule.tighten(14)
-    assert [s for s in range(25) if schedule(s)] == [0, 1, 2, *range(3, 14), 20]
-    resumed = Schedule(warmup=3, every=10)
-    resumed.load_state_dict(schedule.state_dict())
-    assert [s for s in range(25) if resumed(s)] == [s for s in range(25) if schedule(s)]
 
 
 def _train(engine, model, opt, steps, fault_at=None):

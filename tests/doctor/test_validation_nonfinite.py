@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hookscope as hs
 from hookscope.callbacks import Doctor, RunFolder
 from hookscope.cli.train import closing_words
-from hookscope.doctor.records import StepStats
+from hookscope.doctor.record_types import StepStats
 from hookscope.doctor.rules import nonfinite_validation
 from hookscope.hooks.stats import RunningStats
 

@@ -1,7 +1,7 @@
 import pytest
 
 import hookscope as hs
-from hookscope.train.callback import dispatch_table, flatten, sort_callbacks
+from hookscope.train.callback import dispatch_table, sort_callbacks
 
 
 class A(hs.Callback):
@@ -97,48 +97,45 @@ class Log(hs.Callback):
         self.calls.append((self.label, "after_batch", self.learn.training))
 
 
-class Composite(Log):
-    def __init__(self, calls, parts):
+class WithCompanions(Log):
+    def __init__(self, calls, companions):
         super().__init__("whole", calls, order=0)
-        self._parts = parts
+        self._companions = companions
 
     @property
-    def parts(self):
-        return self._parts
+    def companions(self):
+        return self._companions
 
 
-def test_parts_of_a_composite_run_at_their_own_order_and_the_whole_after_them():
+def test_companions_join_the_learner_beside_their_owner_run_at_their_own_order_and_leave_with_it():
     from small_learner import tiny_learner
 
     calls = []
     late, early = Log("late", calls, order=50), Log("early", calls, order=-50, run_valid=False)
     other = Log("other", calls, order=10)
-    learn = tiny_learner(cbs=[Composite(calls, [late, early]), other])
+    owner = WithCompanions(calls, [late, early])
+    learn = tiny_learner(cbs=[owner, other])
+    assert late in learn.cbs and early in learn.cbs and late.learn is learn
+    assert learn.log is other  # companions are not bound as learn.<name>, so they clash with nothing
     learn.fit(1)
-    assert calls[:4] == [("early", "before_fit"), ("other", "before_fit"), ("late", "before_fit"),
-                         ("whole", "before_fit")]  # fmt: skip
-    first_batch = calls[4:8]
-    assert [c[0] for c in first_batch] == ["early", "other", "late", "whole"]
+    assert calls[:4] == [("early", "before_fit"), ("whole", "before_fit"), ("other", "before_fit"),
+                         ("late", "before_fit")]  # fmt: skip
     valid_labels = {c[0] for c in calls if c[1] == "after_batch" and c[2] is False}
-    assert valid_labels == {"other", "late", "whole"}  # run_valid=False holds for a part too
-    assert late.learn is learn and early.learn is learn  # parts get the learner without being attributes
-    assert late not in learn.cbs and early not in learn.cbs
+    assert valid_labels == {"other", "late", "whole"}  # run_valid=False holds for a companion too
+    learn.remove_cb(owner)
+    assert learn.cbs[-1] is other and late not in learn.cbs and early not in learn.cbs
+    assert late.learn is None and early.learn is None
 
 
-def test_a_part_that_must_run_after_its_owner_is_a_cycle():
-    class Owner(hs.Callback):
-        def __init__(self, part):
-            self.part = part
+def test_companions_of_a_callback_given_to_fit_leave_with_it():
+    from small_learner import tiny_learner
 
-        @property
-        def parts(self):
-            return [self.part]
-
-    class Part(hs.Callback):
-        run_after = ("Owner",)
-
-    with pytest.raises(hs.CallbackOrderError, match="cycle"):
-        sort_callbacks(flatten([Owner(Part())]))
+    calls = []
+    companion = Log("companion", calls)
+    learn = tiny_learner()
+    before = list(learn.cbs)
+    learn.fit(1, cbs=[WithCompanions(calls, [companion])])
+    assert ("companion", "before_fit") in calls and learn.cbs == before
 
 
 def test_wrap_method_sees_every_other_method_of_the_table():
@@ -200,4 +197,4 @@ def test_run_before_may_be_a_bare_class_or_name_as_fastai_writes_it():
         run_after = "CycleGANTrainer"
 
     learn = synth_learner(cbs=[CycleGANTrainer(), ByName()], progress=False)
-    assert _names(sort_callbacks(flatten(learn.cbs))) == ["CycleGANTrainer", "ByName", "Recorder"]
+    assert _names(sort_callbacks(learn.cbs)) == ["CycleGANTrainer", "ByName", "Recorder"]

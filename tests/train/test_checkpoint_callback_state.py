@@ -176,3 +176,35 @@ def test_a_save_before_the_owned_optimizer_is_built_keeps_its_saved_state(tmp_pa
     loaded.load(path)  # the optimizer made in before_fit does not exist yet
     again = torch.load(loaded.save(tmp_path / "again.pt"), weights_only=True)
     assert again["callbacks"]["adversary"]["opts"][0]["state"]["state"][0]["step"] == 5
+
+
+class Counter(hs.Callback):
+    """Counts its training batches; its state is that count."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def after_batch(self):
+        self.batches += self.learn.training
+
+    def state_dict(self):
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state):
+        self.batches = state["batches"]
+
+
+def test_a_callbacks_key_is_its_state_key_when_set_so_a_renamed_class_still_loads_old_checkpoints(tmp_path):
+    from hookscope.train.checkpoint import load_checkpoint
+
+    learn = tiny_learner(cbs=[Counter()])
+    learn.fit(1)
+    learn.save(tmp_path / "a.pt")
+    assert "counter" in load_checkpoint(tmp_path / "a.pt")["callbacks"]
+
+    class RenamedCounter(Counter):
+        state_key = "counter"  # the class was renamed; its checkpoints keep the old key
+
+    fresh = RenamedCounter()
+    tiny_learner(cbs=[fresh]).load(tmp_path / "a.pt")
+    assert fresh.batches == learn.counter.batches > 0

@@ -6,7 +6,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.callbacks.monitor import ParamRecord, StepStats
+from hookscope.callbacks.layer_stats import ParamRecord, StepStats
 from hookscope.hooks.stats import RunningStats
 
 

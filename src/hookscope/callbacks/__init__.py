@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from hookscope.callbacks.doctor import Doctor
     from hookscope.callbacks.early_stopping import EarlyStopping
     from hookscope.callbacks.guard import NonFiniteGuard
+    from hookscope.callbacks.layer_stats import ActivationStats, GradientStats, ParamRecord, StepStats
     from hookscope.callbacks.loggers import CSVLogger, MetricsLogger
     from hookscope.callbacks.lr_finder import LRFinder, LRFindResult, find_lr
-    from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
     from hookscope.callbacks.precision import MixedPrecision
     from hookscope.callbacks.progress import ProgressBar
     from hookscope.callbacks.pruning import Pruning
@@ -73,7 +73,7 @@ __all__ = [
     "sched_lin",
 ]
 
-_MONITOR = "hookscope.callbacks.monitor"
+_LAYER_STATS = "hookscope.callbacks.layer_stats"
 _SCHEDULE = "hookscope.callbacks.schedule"
 _TRACKERS = "hookscope.callbacks.trackers"
 __getattr__, __dir__ = lazy_exports(
@@ -95,10 +95,10 @@ __getattr__, __dir__ = lazy_exports(
         "LRFinder": "hookscope.callbacks.lr_finder",
         "LRFindResult": "hookscope.callbacks.lr_finder",
         "find_lr": "hookscope.callbacks.lr_finder",
-        "ActivationStats": _MONITOR,
-        "GradientStats": _MONITOR,
-        "ParamRecord": _MONITOR,
-        "StepStats": _MONITOR,
+        "ActivationStats": _LAYER_STATS,
+        "GradientStats": _LAYER_STATS,
+        "ParamRecord": _LAYER_STATS,
+        "StepStats": _LAYER_STATS,
         "MixedPrecision": "hookscope.callbacks.precision",
         "ProgressBar": "hookscope.callbacks.progress",
         "Pruning": "hookscope.callbacks.pruning",

@@ -1,15 +1,19 @@
 """The Doctor: watches a training run and says, in plain words, what is wrong and where.
 
-A thin adapter over the doctor's engine (:class:`hookscope.doctor.engine.Engine`, which holds the
-statistics, the rules, the findings and their printing; ``hs.watch`` drives the same engine from a
-hand-written loop). It declares three callbacks as its ``parts`` — :class:`ActivationStats` and
-:class:`GradientStats` over the engine's recorders, and a :class:`NonFiniteGuard` — which the Learner
-dispatches as callbacks of their own, each at its own ``order`` (the gradient norms before clipping, the
-guard after it); the Doctor runs after them at every event and feeds the engine the rest: the loss,
-the end of each step, the validation phases. Every ``check_every`` training steps (and once at the end)
-the engine reads everything pending in a few bulk transfers and applies the rules of
-:mod:`hookscope.doctor.rules`. New findings are printed once, deduplicated by (kind, module), and kept
-in ``learn.doctor.findings``.
+One callback mapping the Learner's events to the calls of the doctor's engine
+(:class:`hookscope.doctor.engine.Engine`, which holds the recorders, the cadence, the rules, the findings
+and their printing), exactly as ``hs.watch`` and the integrations do from their loops: ``before_batch`` ->
+``begin_batch``, ``after_loss`` -> ``log_loss``, ``before_step`` -> ``gradients_ready`` (after
+MixedPrecision unscales, before GradientClip clips: its ``order`` and ``run_after``/``run_before`` say so),
+``after_step`` -> ``step_done``, ``after_cancel_step`` -> ``step_cancelled`` (or ``discard_batch`` when the
+step was cancelled before the gradients were final: a grad scaler skipped it), ``after_batch`` ->
+``end_batch``, the validation phases, ``after_fit`` -> ``close``, ``on_failure`` -> ``fail``. Every
+``check_every`` training steps (and once at the end) the engine reads everything pending in a few bulk
+transfers and applies the rules of :mod:`hookscope.doctor.rules`. New findings are printed once,
+deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
+
+``Doctor(guard=True)`` adds a :class:`NonFiniteGuard` beside it as a companion (see
+:attr:`hookscope.train.callback.Callback.companions`): a callback of its own, placed by its own order.
 
 ``hs.diagnose(model_or_learner, data, steps=...)`` runs a short training on a copy of the model with a
 Doctor attached, as a quick check before a long run.
@@ -26,11 +30,12 @@ import torch
 from torch import nn
 
 from hookscope.callbacks.guard import NonFiniteGuard
-from hookscope.callbacks.monitor import ActivationStats, GradientStats
+from hookscope.callbacks.layer_stats import LayerStatistics
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.preflight import preflight, training_loader
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -47,19 +52,22 @@ class Doctor(Callback):
     ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
     statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's
     step when taken at every step), so by default (``every=None``) they follow the doctor's adaptive
-    schedule (:class:`hookscope.doctor.schedule.Schedule`: every step of the first 10, then every 50th,
-    every step again while a check is suspicious), while the loss is kept at every step; ``every=k``
-    records every k-th step instead. Between recorded steps the Doctor's hooks are removed, not just idle.
-    The rules run every ``check_every`` steps.
-    ``guard=False`` leaves NaN/Inf alone (by default the fit stops at the first non-finite loss or
-    gradient, keeping the last good weights, and names the module and op that made it).
+    schedule (:class:`hookscope.doctor.schedule.RecordingSchedule`: every step of the first 10, then every
+    50th, every step again while a check is suspicious), while the loss is read at every step;
+    ``every=k`` records every k-th step instead (doubled when the bounded histories are thinned).
+    Between recorded steps the Doctor's hooks — activations, gradients, saturation — are removed, not
+    just idle. The rules run every ``check_every`` steps.
+    ``guard=False`` leaves NaN/Inf alone (by default a ``NonFiniteGuard(select=False, quiet=True)`` joins
+    the Learner beside the Doctor, as ``learn.doctor.guard``: the fit stops at the first non-finite loss
+    or gradient, keeping the last good weights, and the Doctor names the module and op that made it).
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.
     ``preflight=True`` runs :func:`hookscope.preflight` at the first ``before_fit`` (not when resuming):
     its findings join the doctor's, and ``preflight_findings`` keeps them for the run folder.
     """
 
     order = 15
-    run_after = ("MixedPrecision",)
+    run_after = ("MixedPrecision",)  # gradients_ready reads unscaled gradients
+    run_before = ("GradientClip", "GradientClipValue")  # ... and the norms before clipping changes them
     run_during_sweep = False  # an lr_find sweep is not the run: nothing to diagnose
 
     def __init__(
@@ -76,19 +84,32 @@ class Doctor(Callback):
         self.preflight = preflight
         self.preflight_findings: list[Finding] | None = None
         self.quiet = quiet
-        self.engine = Engine(
-            select, every, check_every, thresholds, quiet, max_print, drive_recorders=False, owner="Doctor"
-        )
-        self.activations = ActivationStats(recorder=self.engine.activations)
-        self.gradients = GradientStats(recorder=self.engine.gradients)
+        self.engine = Engine(select, every, check_every, thresholds, quiet, max_print, owner="Doctor")
         # The loss and gradients catch every NaN/Inf that matters, and find_nonfinite names the module
         # and op on a stop: checking each layer's output every step would cost ~15% of a small CNN's.
         self.guard = NonFiniteGuard(select=False, quiet=True) if guard else None
+        self._gradients_read = False  # gradients_ready ran in this batch
 
     @property
-    def parts(self) -> list[Callback]:
-        """The callbacks the Doctor is made of; the Learner runs them, and the Doctor after them."""
-        return [cb for cb in (self.guard, self.activations, self.gradients) if cb is not None]
+    def companions(self) -> list[Callback]:
+        """The guard, added to the Learner beside the Doctor (and removed with it)."""
+        return [self.guard] if self.guard is not None else []
+
+    @property
+    def layer_statistics(self) -> LayerStatistics:
+        """The engine's activation and gradient recorders (see
+        :func:`hookscope.callbacks.layer_stats.layer_statistics`)."""
+        return LayerStatistics(self.engine.activations, self.engine.gradients)
+
+    @property
+    def activations(self) -> ActivationRecorder:
+        """The activation statistics (``history``, ``valid_history``, ``latest()``)."""
+        return self.engine.activations
+
+    @property
+    def gradients(self) -> GradientRecorder:
+        """The gradient statistics (``param_history``, output-gradient ``history``)."""
+        return self.engine.gradients
 
     @property
     def findings(self) -> list[Finding]:
@@ -112,6 +133,7 @@ class Doctor(Callback):
         self.engine.watch_optimizer(self.learn.opt)
 
     def before_batch(self) -> None:
+        self._gradients_read = False
         self.engine.begin_batch(self.learn.training_step, self.learn.training)
 
     def _preflight(self) -> None:
@@ -119,10 +141,25 @@ class Doctor(Callback):
         learn = self.learn
         found = preflight(learn.model, learn.dls, learn.loss_func, opt_func=learn.opt_func, lr=learn.lr)
         self.preflight_findings = found
-        self.engine.report(found)
+        self.engine.add_findings(found)
 
     def after_loss(self) -> None:
         self.engine.log_loss(self.learn.loss, self.learn.training)
+
+    def before_step(self) -> None:
+        self._gradients_read = True
+        self.engine.gradients_ready()
+
+    def after_step(self) -> None:
+        self.engine.step_done()
+
+    def after_cancel_step(self) -> None:
+        """Cancelled after the gradients were read: their norms stay. Cancelled before (MixedPrecision's
+        scaler found inf gradients and skipped the step): the step did not happen, its statistics go."""
+        if self._gradients_read:
+            self.engine.step_cancelled()
+        else:
+            self.engine.discard_batch()
 
     def before_validate(self) -> None:
         self.engine.begin_valid()
@@ -156,7 +193,7 @@ class Doctor(Callback):
     # ---- checkpoint state ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's findings, histories and check position (the parts keep the statistics)."""
+        """The engine's findings, histories, schedule and check position (the guard keeps its own)."""
         return self.engine.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -171,7 +208,7 @@ class Doctor(Callback):
 
     def summary(self) -> str:
         """Every finding so far, one per line (or a line saying all is well)."""
-        return self.engine.summary()
+        return self.engine.describe()
 
 
 def diagnose(
@@ -217,7 +254,7 @@ def diagnose(
         progress=False,
     )
     learn.fit(math.ceil(steps / len(loader)))
-    doctor.engine.report(targets.findings())
+    doctor.engine.add_findings(targets.findings())
     return doctor.findings
 
 

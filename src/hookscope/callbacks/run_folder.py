@@ -32,15 +32,16 @@ import torch
 from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
+from hookscope.callbacks.layer_stats import layer_statistics
 from hookscope.callbacks.loggers.metrics import MetricsLogger
-from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.callbacks.pruning import Pruning
 from hookscope.doctor.findings import Finding, ranked
-from hookscope.doctor.records import ActivationRecorder, GradientRecorder, StepStats
+from hookscope.doctor.record_types import StepStats
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import map_tensors
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
-from hookscope.train.callback import Callback, flatten
+from hookscope.train.callback import Callback
 from hookscope.train.learner import split_batch
 
 KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
@@ -105,8 +106,9 @@ class RunFolder(Callback):
         self.preflight: list[Finding] | None = None
 
     @property
-    def parts(self) -> list[Callback]:
-        """The MetricsLogger and the Checkpoint (when asked) write into the folder for this callback."""
+    def companions(self) -> list[Callback]:
+        """The MetricsLogger and the Checkpoint (when asked), added to the Learner beside this callback:
+        they write into the folder."""
         return [cb for cb in (self.metrics, self.checkpoint) if cb is not None]
 
     @property
@@ -147,7 +149,7 @@ class RunFolder(Callback):
         old = self.folder.path
         final = self.folder.finish()
         learn = getattr(self, "learn", None)
-        for cb in flatten(learn.cbs) if learn is not None else ():
+        for cb in learn.cbs if learn is not None else ():
             moved = getattr(cb, "run_folder_moved", None)
             if moved is not None:
                 _try(f"{type(cb).__name__}'s paths", lambda moved=moved: moved(old, final))
@@ -187,7 +189,8 @@ class RunFolder(Callback):
         doctor = _first(self.learn, Doctor)
         if doctor is not None:
             _try("findings.json", lambda: self._write_findings(doctor))
-        activations = doctor.activations if doctor is not None else _first(self.learn, ActivationStats)
+        statistics = layer_statistics(self.learn)
+        activations = statistics.activations
         if activations is not None:
             _try("stats.json", lambda: self._write_stats(activations))
         preflight = (
@@ -201,8 +204,7 @@ class RunFolder(Callback):
                 "pruning.json", lambda: atomic_write_json(self.folder.file("pruning.json"), pruning.record())
             )
         if self.figures:
-            gradients = doctor.gradients if doctor is not None else _first(self.learn, GradientStats)
-            _try("the figures", lambda: self._write_figures(activations, gradients))
+            _try("the figures", lambda: self._write_figures(activations, statistics.gradients))
         self._write_config(status, error)
         _try("report.html", self._write_report)
 
@@ -267,10 +269,12 @@ class RunFolder(Callback):
     def _write_findings(self, doctor: Doctor) -> None:
         write_findings(self.folder.file, doctor.findings)
 
-    def _write_stats(self, activations: ActivationStats) -> None:
+    def _write_stats(self, activations: ActivationRecorder) -> None:
         write_stats(self.folder.file, activations.latest())
 
-    def _write_figures(self, activations: ActivationStats | None, gradients: GradientStats | None) -> None:
+    def _write_figures(
+        self, activations: ActivationRecorder | None, gradients: GradientRecorder | None
+    ) -> None:
         from hookscope.viz.run_figures import write_run_figures  # matplotlib loads here, not with hookscope
 
         write_run_figures(self.learn, self.folder.file, activations, gradients, self._sample)
@@ -401,8 +405,8 @@ def learner_facts(learn: Any) -> dict[str, Any]:
 
 
 def _first(learn: Any, kind: type[Callback]) -> Any:
-    """The first callback of type ``kind`` attached to ``learn``, parts of composites included."""
-    return next((cb for cb in flatten(learn.cbs) if isinstance(cb, kind)), None)
+    """The first callback of type ``kind`` attached to ``learn``."""
+    return next((cb for cb in learn.cbs if isinstance(cb, kind)), None)
 
 
 def _try(what: str, write: Callable[[], None]) -> None:

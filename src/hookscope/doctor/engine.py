@@ -1,27 +1,29 @@
-"""The doctor's engine: which statistics to keep, when to read them, the rules, the findings.
+"""The doctor's engine: which statistics to keep, when to record and read them, the rules, the findings.
 
-One engine serves every loop. It is fed by explicit calls — :meth:`Engine.begin_batch` (training or not,
-which step), :meth:`~Engine.log_loss`, :meth:`~Engine.gradients_ready` (gradients are final: unscaled,
-not yet clipped), :meth:`~Engine.step_done` (the optimizer stepped), :meth:`~Engine.end_batch` (the step
-ends), :meth:`~Engine.begin_valid` / :meth:`~Engine.end_valid`, :meth:`~Engine.close` — and the Learner's
-``Doctor`` and ``hs.watch`` are adapters that make those calls from their loop's events.
+One engine serves every loop, and every loop feeds it the same way: explicit calls —
+:meth:`Engine.begin_batch` (training or not, which step), :meth:`~Engine.log_loss`,
+:meth:`~Engine.gradients_ready` (gradients are final: unscaled, not yet clipped), :meth:`~Engine.step_done`
+(the optimizer stepped), :meth:`~Engine.step_cancelled` or :meth:`~Engine.discard_batch`,
+:meth:`~Engine.end_batch` (the step ends), :meth:`~Engine.begin_valid` / :meth:`~Engine.end_valid`,
+:meth:`~Engine.close` — made by the Learner's ``Doctor`` callback, ``hs.watch`` and the integrations from
+their loop's events.
 
-The engine owns an :class:`~hookscope.doctor.records.ActivationRecorder` and a
-:class:`~hookscope.doctor.records.GradientRecorder`, and itself watches tanh/sigmoid layers (saturation),
-the loss and the validation phases. With ``drive_recorders=True`` (``hs.watch``) the feed calls reach the
-recorders too; the Learner's Doctor passes False, because there the recorders are driven by the
-``ActivationStats`` / ``GradientStats`` callbacks of its ``parts``, each at its own place among clipping
-and mixed precision.
+The engine owns three recorders — activations and gradients (:mod:`hookscope.doctor.recorders`) and
+saturation (:mod:`hookscope.doctor.saturation`) — and drives them with every feed call. Whether a training
+step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
+:class:`~hookscope.doctor.schedule.Cadence`, and handed to each recorder as a boolean.
 
 Every ``check_every`` training steps (and at :meth:`~Engine.close`), :meth:`~Engine.check` reads
 everything pending to the host (:meth:`~Engine.read_pending`, the one place where device statistics
 become host numbers) and runs the rules of :mod:`hookscope.doctor.rules` (:meth:`~Engine.diagnose`, the
-one place where rules run). New findings are printed once, deduplicated by (kind, module) — whole-model
-kinds once per run — and kept in ``findings``.
+one place where rules run). New findings go to the :class:`~hookscope.doctor.finding_log.FindingLog`,
+which prints each once and keeps them in ``findings``. Every history the engine keeps is bounded (the
+recorders', the loss history's: :mod:`hookscope.doctor.loss_history`), in memory and in checkpoints.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -30,49 +32,30 @@ import torch
 from torch import nn
 
 from hookscope.doctor import rules
+from hookscope.doctor.finding_log import FindingLog
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.records import (
-    RESHAPES,
-    ActivationRecorder,
-    GradientRecorder,
-    TrainingOf,
-    computing_leaves,
-    on_schedule,
-)
-from hookscope.doctor.schedule import Schedule
-from hookscope.hooks.handles import SwitchedHooks
+from hookscope.doctor.loss_history import LossHistory
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
+from hookscope.doctor.saturation import SaturationRecorder
+from hookscope.doctor.schedule import Cadence
+from hookscope.doctor.selection import RESHAPES, TrainingOf, computing_leaves
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
-
-_SATURATING = {nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Hardtanh: "tanh", nn.Softsign: "tanh"}
-# Whole-model conditions: the first finding says where it starts; later ones would repeat it.
-ONCE_PER_RUN = frozenset(
-    {
-        "exploding_gradient",
-        "vanishing_gradient",
-        "loss_divergence",
-        "nonfinite",
-        "nonfinite_validation",
-        "oscillating_loss",
-        "plateau",
-        "overfitting",
-    }
-)
-_SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
 class Engine:
     """The doctor, loop-independent: statistics, rules, findings, deduplication and printing.
 
     ``select`` picks the layers watched (None: every leaf module but pure reshapes, see
-    :func:`~hookscope.doctor.records.computing_leaves`); statistics are taken every ``every``
-    training steps — ``every=None``: on the adaptive :class:`~hookscope.doctor.schedule.Schedule` (every
-    step at first, then sparsely, densely again while a check is suspicious) — and the rules run every
-    ``check_every`` steps; the loss is kept at every step. ``quiet=True`` only collects findings;
-    ``max_print`` caps how many are printed. ``diagnose=False`` records without running the rules.
-    ``training_of``: None when the loop says whether a batch trains (:meth:`begin_batch`); a function of
-    the module when it cannot (``hs.watch`` asks each forward). ``owner`` names the caller in errors.
+    :func:`~hookscope.doctor.selection.computing_leaves`); statistics are taken every ``every``
+    training steps (doubled when the bounded histories are thinned) — ``every=None``: on the adaptive
+    :class:`~hookscope.doctor.schedule.RecordingSchedule` (every step at first, then sparsely, densely
+    again while a check is suspicious) — and the rules run every ``check_every`` steps; the loss is read
+    at every step. ``quiet=True`` only collects findings; ``max_print`` caps how many are printed.
+    ``diagnose=False`` records without running the rules. ``training_of``: None when the loop says
+    whether a batch trains (:meth:`begin_batch`); a function of the module when it cannot (``hs.watch``
+    asks each forward). ``owner`` names the caller in errors.
     """
 
     def __init__(
@@ -84,50 +67,39 @@ class Engine:
         quiet: bool = False,
         max_print: int = 10,
         diagnose: bool = True,
-        drive_recorders: bool = True,
         training_of: TrainingOf = None,
         owner: str = "Doctor",
     ) -> None:
-        if (every is not None and every < 1) or check_every < 1:
-            raise ValueError(
-                f"{owner}: every={every}, check_every={check_every}; use every >= 1 (or None: the "
-                "adaptive schedule) and check_every >= 1"
-            )
-        self.schedule = Schedule() if every is None else None
+        if check_every < 1:
+            raise ValueError(f"{owner}: check_every={check_every}; use check_every >= 1")
+        self.cadence = Cadence(every, owner)
         select = computing_leaves if select is None else select
-        every = every or 1
         self.thresholds = thresholds or Thresholds()
-        self.check_every, self.quiet, self.max_print = check_every, quiet, max_print
-        self.diagnose_enabled, self.drive_recorders = diagnose, drive_recorders
+        self.check_every = check_every
+        self.log = FindingLog(quiet, max_print)
+        self.diagnose_enabled = diagnose
         # include_valid: one record per validation phase, whose non-finite counts name the layer that
         # first made a NaN/Inf on the validation data (read in the bulk transfers of check()).
         self.activations = ActivationRecorder(
-            select=select, every=every, include_valid=True, read_every=check_every, owner=owner
+            select=select, include_valid=True, read_every=check_every, owner=owner
         )
         self.gradients = GradientRecorder(
-            every=every, select=select, output_grads=True, read_every=check_every, owner=owner
+            select=select, output_grads=True, read_every=check_every, owner=owner
         )
-        self.training_of = self.activations.training_of = self.gradients.training_of = training_of
-        self.activations.schedule = self.gradients.schedule = self.schedule
-        self.findings: list[Finding] = []
+        self.saturation = SaturationRecorder(self.thresholds.saturation_margin)
+        self._recorders = (self.activations, self.gradients, self.saturation)
+        self.training_of = training_of
+        for recorder in self._recorders:
+            recorder.training_of = training_of
+        self.losses = LossHistory()
         # called with the new findings at the end of every check: an adapter logs or acts then
         self.after_check: list[Callable[[list[Finding]], None]] = []
-        self.loss_history: list[tuple[int, float]] = []
-        self.saturation_history: dict[str, list[tuple[int, float]]] = {}
         self.valid_phases: list[tuple[int, int, int]] = []
         self.epoch_losses: list[tuple[int, int, float, float]] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self._params: dict[str, nn.Parameter] = {}
-        self._recording_step = True  # saturation follows the schedule
-        self._seen: set[tuple[str, str]] = set()
-        self._printed = 0
-        self._hooks = SwitchedHooks()  # saturation: on only during recorded training steps (switched
-        # when a step starts, so consecutive recorded steps keep them)
-        self._training = self._in_valid = False
+        self._in_valid = False
         self._step = 0
-        self._saturation: dict[str, list[torch.Tensor]] = {}
-        self._pending_saturation: list[tuple[str, int, torch.Tensor]] = []
-        self._kinds: dict[str, str] = {}
         self._losses: list[tuple[int, torch.Tensor]] = []
         self._valid_losses: list[torch.Tensor] = []
         self._pending_valid: list[tuple[int, int, torch.Tensor]] = []
@@ -138,24 +110,41 @@ class Engine:
         # The record rules' findings per Thresholds, valid while the histories they read stay unchanged.
         self._rules_memo: dict[Thresholds, list[Finding]] = {}
         self._rules_basis: tuple[int, ...] = ()
-        self._saturation_version = 0
         # The loss rules' state: a divergence scan per (window, factor); the stall rule's last result.
         self._scans: dict[tuple[int, float], rules.DivergenceScan] = {}
         self._stall_memo: tuple[Thresholds, int, list[Finding]] | None = None
 
     @property
-    def _recorders(self) -> list[ActivationRecorder | GradientRecorder]:
-        """The recorders the feed calls reach (none when the loop drives them itself)."""
-        return [self.activations, self.gradients] if self.drive_recorders else []
+    def findings(self) -> list[Finding]:
+        """Every finding so far, in the order they appeared."""
+        return self.log.findings
+
+    @property
+    def quiet(self) -> bool:
+        return self.log.quiet
+
+    @quiet.setter
+    def quiet(self, value: bool) -> None:
+        self.log.quiet = value
+
+    @property
+    def loss_history(self) -> list[tuple[int, float]]:
+        """The training losses the loss rules read: ``(step, loss)``, bounded (see
+        :mod:`hookscope.doctor.loss_history`)."""
+        return self.losses.entries
+
+    @property
+    def saturation_history(self) -> dict[str, list[tuple[int, float]]]:
+        """``(step, saturated share)`` per tanh/sigmoid layer, one per recorded step, bounded."""
+        return self.saturation.history
 
     # ---- feed ----------------------------------------------------------------------------------------
 
     def attach(self, model: nn.Module) -> None:
-        """Hook ``model`` (recorders when driven, saturation always) and report frozen parameters."""
+        """Hook ``model`` (every recorder) and report frozen parameters."""
+        self.saturation.margin = self.thresholds.saturation_margin
         for recorder in self._recorders:
             recorder.attach(model)
-        self._training = False
-        self._watch_saturation(model)
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
@@ -168,17 +157,17 @@ class Engine:
                 frozen[module] = frozen.get(module, 0) + p.numel()
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if self.diagnose_enabled:
-            self.report(rules.frozen(frozen, trainable))
+            self.add_findings(rules.frozen(frozen, trainable))
 
     def begin_batch(self, step: int, training: bool) -> None:
-        """A batch starts: a training batch of optimizer step ``step``, or (``training=False``) another."""
-        for recorder in self._recorders:
-            recorder.begin_batch(step, training)
-        self._training = training
+        """A batch starts: a training batch of optimizer step ``step``, or (``training=False``) another.
+        The cadence decides here, once, whether a training step is recorded."""
+        recorded = False
         if training:
             self._step = step
-            self._recording_step = on_schedule(step, 1, self.schedule)
-            self._hooks.switch(self._recording_step)
+            recorded = self.cadence(step)
+        for recorder in self._recorders:
+            recorder.begin_batch(step, training, recorded)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
@@ -190,44 +179,36 @@ class Engine:
 
     def gradients_ready(self) -> None:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
-        if self.drive_recorders:
-            self.gradients.gradients_ready()
+        self.gradients.gradients_ready()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
-        if self.drive_recorders:
-            self.gradients.step_done()
+        self.gradients.step_done()
 
     def step_cancelled(self) -> None:
         """The step was cancelled after :meth:`gradients_ready`: the norms stay, without a ratio."""
-        if self.drive_recorders:
-            self.gradients.step_cancelled()
+        self.gradients.step_cancelled()
 
     def discard_batch(self) -> None:
         """The step did not happen (a grad scaler skipped it): forget its statistics windows."""
         for recorder in self._recorders:
             recorder.discard_batch()
-        for name in self._saturation:
-            self._saturation[name] = []
 
     def end_batch(self) -> None:
         """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
         for recorder in self._recorders:
             recorder.end_batch()
-        self._close_step()
         self._steps_since_check += 1
         if self._steps_since_check >= self.check_every:
             self.check()
 
     def begin_valid(self) -> None:
-        if self.drive_recorders:
-            self.activations.begin_valid()
-        self._valid_losses, self._in_valid, self._training = [], True, False
+        self.activations.begin_valid()
+        self._valid_losses, self._in_valid = [], True
 
     def end_valid(self, step: int) -> None:
         """Count the phase's non-finite batch losses on the device; :meth:`check` reads the count."""
-        if self.drive_recorders:
-            self.activations.end_valid(step)
+        self.activations.end_valid(step)
         losses, self._valid_losses, self._in_valid = self._valid_losses, [], False
         if losses:
             bad = torch.stack([loss.float().sum() for loss in losses]).isfinite().logical_not().sum()
@@ -238,6 +219,14 @@ class Engine:
         read): the ``overfitting`` rule compares them across epochs at the next check."""
         self.epoch_losses.append((epoch, step, float(train_loss), float(valid_loss)))
 
+    def record_losses(self, losses: Iterable[tuple[int, float]]) -> None:
+        """Training losses already on the host, ``(step, loss)``, oldest first: what a check does with
+        the ones :meth:`log_loss` collected (the loss history and the divergence scans take them)."""
+        losses = list(losses)
+        self.losses.extend(losses)
+        for scan in self._scans.values():
+            scan.update(losses)
+
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer stepping the model: ``not_updated`` then says whether a parameter that never
         changes is missing from it or sits in a group with learning rate 0."""
@@ -245,11 +234,10 @@ class Engine:
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
-        return self.report(rules.nonfinite(report, step, reason))
+        return self.add_findings(rules.nonfinite(report, step, reason))
 
     def close(self) -> list[Finding]:
         """Remove every hook, read what is pending and run the rules a last time; returns new findings."""
-        self._hooks.clear()
         for recorder in self._recorders:
             recorder.close()
         self._stall_memo = None  # the last check sees the whole history
@@ -257,7 +245,6 @@ class Engine:
 
     def fail(self) -> None:
         """Remove every hook after an error; the open windows are dropped."""
-        self._hooks.clear()
         for recorder in self._recorders:
             recorder.fail()
 
@@ -270,9 +257,10 @@ class Engine:
         self.read_pending()
         new: list[Finding] = []
         if self.diagnose_enabled:
-            new = self.report(self.diagnose())
-            if self.schedule is not None and self._suspicious():
-                self.schedule.tighten(self._step + 1 + self.check_every)
+            new = self.add_findings(self.diagnose())
+            schedule = self.cadence.schedule
+            if schedule is not None and self._suspicious():
+                schedule.tighten(self._step + 1 + self.check_every)
         for listener in self.after_check:
             listener(new)
         return new
@@ -282,6 +270,11 @@ class Engine:
         self.activations.flush()
         self.gradients.flush()
         self._read_own()
+        self._follow_thinnings()
+
+    def _follow_thinnings(self) -> None:
+        """The histories may have been thinned (only reads thin them): a fixed interval doubles with them."""
+        self.cadence.follow(max(recorder.thinnings for recorder in self._recorders))
 
     def diagnose(self) -> list[Finding]:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
@@ -301,7 +294,7 @@ class Engine:
         basis = (
             self.activations.version,
             self.gradients.version,
-            self._saturation_version,
+            self.saturation.version,
             id(self.optimizer),
         )
         if basis != self._rules_basis:
@@ -317,27 +310,30 @@ class Engine:
             *rules.exploding_gradient(layer_norms, self.gradients.history, th),
             *rules.vanishing_gradient(layer_rms, th),
             *rules.dead_units(self._unit_layers(), th),
-            *rules.saturation(self.saturation_history, self._kinds, th),
+            *rules.saturation(self.saturation.history, self.saturation.kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, self._matrices, th),
             *rules.not_updated(params, self._param_groups(), th),
         ]
 
     def _divergence(self, th: Thresholds) -> list[Finding]:
-        """``loss_divergence`` from a scan per (window, factor) that reads only the new losses."""
+        """``loss_divergence`` from a scan per (window, factor) that reads every loss once, as it is read
+        from the device (not the bounded history, which drops some)."""
         key = (th.loss_window, th.divergence_factor)
-        scan = self._scans.setdefault(key, rules.DivergenceScan(*key))
-        scan.update(self.loss_history)
+        scan = self._scans.get(key)
+        if scan is None:  # a new scan starts from the kept history; record_losses feeds it from then on
+            scan = self._scans[key] = rules.DivergenceScan(*key)
+            scan.update(self.losses.entries)
         return scan.findings()
 
     def _stalled(self, th: Thresholds) -> list[Finding]:
-        """``plateau`` / ``oscillating_loss``, run again once the loss history grew by a 64th since the
+        """``plateau`` / ``oscillating_loss``, run again once the run's losses grew by a 64th since the
         last run (at every check for the first 640 steps): its windows are an eighth of the run long, so
-        this delays it by at most an eighth of a window, and a check's cost no longer grows with the run."""
-        n = len(self.loss_history)
+        this delays it by at most an eighth of a window. It reads the bounded loss history."""
+        n = self.losses.total
         last = self._stall_memo
         if last is None or last[0] != th or n - last[1] >= max(1, last[1] // 64):
-            self._stall_memo = last = (th, n, rules.stalled_loss(self.loss_history, th))
+            self._stall_memo = last = (th, n, rules.stalled_loss(self.losses.entries, th))
         return last[2]
 
     def _unit_layers(self) -> dict[str, list[Any]]:
@@ -353,7 +349,7 @@ class Engine:
         th = self.thresholds
         early = replace(th, patience=1, divergence_factor=max(1.0, th.divergence_factor / 2))
         found = [*self._record_rules(early), *self._divergence(early)]
-        return any(self._key(f) not in self._seen for f in found)
+        return any(self.log.is_new(f) for f in found)
 
     def _param_groups(self) -> dict[str, tuple[int, float]] | None:
         """Parameter name -> (index of its optimizer param group, that group's lr); None: no optimizer."""
@@ -366,109 +362,73 @@ class Engine:
         }
         return {name: where[id(p)] for name, p in self._params.items() if id(p) in where}
 
-    def report(self, found: Iterable[Finding]) -> list[Finding]:
-        """Keep (and print, unless quiet) the findings not reported before; returns them."""
-        new = []
-        for finding in found:
-            key = self._key(finding)
-            if key in self._seen:
-                continue
-            self._seen.add(key)
-            new.append(finding)
-        for finding in new:
-            self.findings.append(finding)
-            if not self.quiet and self._printed < self.max_print:
-                self._printed += 1
-                print_finding(finding)
-        return new
+    def add_findings(self, found: Iterable[Finding]) -> list[Finding]:
+        """Keep (and print, unless quiet) the findings not kept before; returns them."""
+        return self.log.add(found)
 
-    @staticmethod
-    def _key(finding: Finding) -> tuple[str, str]:
-        """What deduplicates findings: the kind, and the module unless the kind is whole-model."""
-        return (finding.kind, "" if finding.kind in ONCE_PER_RUN else finding.module)
+    def describe(self) -> str:
+        """Every finding so far, one per line (or a line saying all is well)."""
+        return self.log.describe()
+
+    def report(self, found: Iterable[Finding]) -> list[Finding]:
+        """Deprecated name of :meth:`add_findings`."""
+        _renamed("Engine.report", "Engine.add_findings")
+        return self.add_findings(found)
 
     def summary(self) -> str:
-        """Every finding so far, one per line (or a line saying all is well)."""
-        if not self.findings:
-            return "Doctor: no finding — activations, gradients, updates and the loss look healthy."
-        return "\n".join(str(f) for f in self.findings)
+        """Deprecated name of :meth:`describe`."""
+        _renamed("Engine.summary", "Engine.describe")
+        return self.describe()
 
     # ---- checkpoint state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Findings, what was already reported and printed, the loss and saturation histories, the
-        validation phases' non-finite counts (pending device values read first), the epochs' losses, the
-        schedule's alert and the steps since the last check: a resumed run repeats nothing, misses
-        nothing and records the same steps. The recorders keep their own."""
-        self._read_own()
+        """The finding log, every recorder's history (thinned), the bounded loss history, the validation
+        phases' non-finite counts (pending device values read first), the epochs' losses, the schedule's
+        alert and the steps since the last check: a resumed run repeats nothing, misses nothing and
+        records the same steps."""
+        self.read_pending()
         return {
-            "findings": [_plain(f.to_dict()) for f in self.findings],
-            "seen": [list(key) for key in sorted(self._seen)],
-            "printed": self._printed,
-            "loss_history": _series_state(self.loss_history),
-            "saturation_history": {name: _series_state(h) for name, h in self.saturation_history.items()},
+            **self.log.state_dict(),
+            "activations": self.activations.state_dict(),
+            "gradients": self.gradients.state_dict(),
+            "saturation": self.saturation.state_dict(),
+            "losses": self.losses.state_dict(),
             "steps_since_check": self._steps_since_check,
             "valid_phases": [list(phase) for phase in self.valid_phases],
             "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64).reshape(-1, 4),
-            "schedule": self.schedule.state_dict() if self.schedule is not None else {},
+            "schedule": self.cadence.schedule.state_dict() if self.cadence.schedule is not None else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved; the next steps continue the checks and histories."""
-        self.findings = [Finding(**f) for f in state["findings"]]
-        self._seen = {(kind, module) for kind, module in state["seen"]}
-        self._printed = state["printed"]
-        self.loss_history = _series_from_state(state["loss_history"])
+        """Restore what :meth:`state_dict` saved; the next steps continue the checks and histories. An
+        older Doctor checkpoint (whose recorders' state sat under other keys) restores all but those."""
+        self.log.load_state_dict(state)
+        for key, recorder in (("activations", self.activations), ("gradients", self.gradients)):
+            if state.get(key):
+                recorder.load_state_dict(state[key])
+        if "saturation" in state:
+            self.saturation.load_state_dict(state["saturation"])
+        else:
+            self.saturation.load_state_dict({"history": state.get("saturation_history", {})})
+        self.losses.load_state_dict(state["losses"] if "losses" in state else state["loss_history"])
         self._scans, self._stall_memo = {}, None
-        self.saturation_history = {n: _series_from_state(h) for n, h in state["saturation_history"].items()}
-        self._saturation_version += 1
         self._steps_since_check = state["steps_since_check"]
         self.valid_phases = [tuple(phase) for phase in state.get("valid_phases", [])]
         rows = state.get("epoch_losses", torch.zeros(0, 4)).tolist()
         self.epoch_losses = [(int(e), int(s), t, v) for e, s, t, v in rows]
-        if self.schedule is not None and state.get("schedule"):
-            self.schedule.load_state_dict(state["schedule"])
-        self._losses, self._pending_saturation, self._pending_valid = [], [], []
+        if self.cadence.schedule is not None and state.get("schedule"):
+            self.cadence.schedule.load_state_dict(state["schedule"])
+        self._follow_thinnings()
+        self._losses, self._pending_valid = [], []
 
     # ---- the engine's own statistics -----------------------------------------------------------------
-
-    def _watch_saturation(self, model: nn.Module) -> None:
-        margin = self.thresholds.saturation_margin
-        hooks = []
-        for name, module in model.named_modules():
-            kind = next((k for t, k in _SATURATING.items() if isinstance(module, t)), None)
-            if kind is None:
-                continue
-            self._kinds[name] = kind
-            self._saturation.setdefault(name, [])
-            self.saturation_history.setdefault(name, [])
-            hooks.append((module, self._saturation_hook(name, kind, margin)))
-        self._hooks.targets(hooks)
-        self._hooks.switch(self._recording_step)
-
-    def _saturation_hook(self, name: str, kind: str, margin: float) -> Callable:
-        low, high = (-1.0 + margin, 1.0 - margin) if kind == "tanh" else (margin, 1.0 - margin)
-
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            training = self._training if self.training_of is None else self.training_of(module)
-            if training and self._recording_step and isinstance(output, torch.Tensor):
-                out = output.detach()
-                self._saturation[name].append(((out <= low) | (out >= high)).float().mean())
-
-        return hook
-
-    def _close_step(self) -> None:
-        """Fold this step's saturation shares into one device scalar per layer, keyed by the step."""
-        for name, values in self._saturation.items():
-            if values:
-                self._pending_saturation.append((name, self._step, torch.stack(values).mean()))
-                self._saturation[name] = []
 
     def _read_own(self) -> None:
         """Turn the device-side losses, saturation shares and validation counts into host numbers in one
         transfer."""
         losses, self._losses = self._losses, []
-        shares, self._pending_saturation = self._pending_saturation, []
+        shares = self.saturation.take_pending()
         valid, self._pending_valid = self._pending_valid, []
         tensors = [torch.stack([v for _, v in losses])] if losses else []
         tensors += [v for _, _, v in shares] + [bad for _, _, bad in valid]
@@ -476,11 +436,9 @@ class Engine:
             return
         host = to_host(_over_ranks(tensors, averaged=len(tensors) - len(valid)))
         if losses:
-            self.loss_history += [(step, float(v)) for (step, _), v in zip(losses, host.pop(0), strict=True)]
-        for (name, step, _), share in zip(shares, host[: len(shares)], strict=True):
-            self.saturation_history[name].append((step, float(share)))
-        if shares:
-            self._saturation_version += 1
+            values = host.pop(0)
+            self.record_losses([(step, float(v)) for (step, _), v in zip(losses, values, strict=True)])
+        self.saturation.store(shares, host[: len(shares)])
         for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
             self.valid_phases.append((step, batches, int(bad)))
 
@@ -500,32 +458,7 @@ def _over_ranks(tensors: list[torch.Tensor], averaged: int) -> list[torch.Tensor
     return [(part * k).view(t.shape) for part, k, t in zip(parts, scale, tensors, strict=True)]
 
 
-def print_finding(finding: Finding) -> None:
-    """One finding on stderr, on one line, coloured by severity."""
-    from rich.console import Console  # loaded on the first finding, not with hookscope
-
-    style = _SEVERITY_STYLE.get(finding.severity, "")
-    console = Console(stderr=True, highlight=False, soft_wrap=True)  # one finding, one line, in any log
-    console.print(f"Doctor {finding}", style=style, markup=False)
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with numpy numbers and arrays (rules put them in evidence) as Python numbers and lists,
-    which a checkpoint can hold."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return _plain(value.tolist()) if hasattr(value, "tolist") else value
-
-
-def _series_state(series: list[tuple[int, float]]) -> dict[str, torch.Tensor]:
-    """``(step, value)`` pairs as two tensors: a checkpoint checks and checksums every plain number."""
-    return {
-        "step": torch.tensor([step for step, _ in series], dtype=torch.int64),
-        "value": torch.tensor([value for _, value in series], dtype=torch.float64),
-    }
-
-
-def _series_from_state(state: dict[str, torch.Tensor]) -> list[tuple[int, float]]:
-    return list(zip(state["step"].tolist(), state["value"].tolist(), strict=True))
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is now {new}; the old name goes in the next release", DeprecationWarning, stacklevel=3
+    )

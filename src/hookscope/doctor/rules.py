@@ -1,6 +1,6 @@
 """The doctor's rules: plain functions from host-side statistics to :class:`Finding` objects.
 
-Each rule reads what the recorders of :mod:`hookscope.doctor.records` and the engine
+Each rule reads what the recorders of :mod:`hookscope.doctor.recorders` and the engine
 (:mod:`hookscope.doctor.engine`, which runs them all in one place) recorded, and says in plain words
 what is wrong, where, since which step, and what usually fixes it. The thresholds live in
 :class:`Thresholds`; their defaults were chosen so that the healthy reference models (the digits CNN, an
@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hookscope.doctor.findings import Finding, Thresholds
-from hookscope.doctor.records import ParamRecord, StepStats
+from hookscope.doctor.record_types import ParamRecord, StepStats
 
 
 def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:
@@ -244,15 +244,15 @@ def loss_divergence(losses: Sequence[tuple[int, float]], th: Thresholds) -> list
 
 
 class DivergenceScan:
-    """:func:`loss_divergence` over a loss history that only grows, reading each loss once.
+    """:func:`loss_divergence` over a stream of losses, reading each loss once.
 
     Rescanning the whole history at every check made a check cost grow with the run (24 ms at step
-    100,000, every 10 steps); the scan keeps its place, the mean of the last ``window`` losses, the first
-    of those means (the start) and the best, so a check costs the same at any step. ``update`` reads the
-    losses appended since its last call; ``findings`` is what ``loss_divergence`` says of the whole
-    history so far: the first step whose smoothed loss was above ``factor`` times the best smoothed loss
-    until then and above the start, once the history holds two windows, and nothing once a loss was
-    not finite (that is the guard's business).
+    100,000, every 10 steps); the scan keeps the mean of the last ``window`` losses, the first of those
+    means (the start) and the best, so a check costs the same at any step and the engine need not keep
+    every loss. ``update`` reads the losses that came since its last call; ``findings`` is what
+    ``loss_divergence`` says of every loss so far: the first step whose smoothed loss was above
+    ``factor`` times the best smoothed loss until then and above the start, once the history holds two
+    windows, and nothing once a loss was not finite (that is the guard's business).
     """
 
     def __init__(self, window: int, factor: float) -> None:
@@ -263,9 +263,9 @@ class DivergenceScan:
         self._finite = True
         self._first: tuple[int, float, float] | None = None  # (step, smoothed loss, best until then)
 
-    def update(self, losses: Sequence[tuple[int, float]]) -> None:
-        """Read ``losses[self.seen:]``, the ones appended since the last call."""
-        for step, value in losses[self.seen :]:
+    def update(self, losses: Iterable[tuple[int, float]]) -> None:
+        """Read ``losses``, the ones that came since the last call, oldest first."""
+        for step, value in losses:
             self.seen += 1
             self._finite = self._finite and math.isfinite(value)
             self._recent.append(value)
@@ -304,7 +304,10 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     Compares the median of the last window of steps with the window before (``stall_window`` steps each,
     an eighth of the run once the run is long: slow late progress is still progress) and with the
     starting loss (median of the first ``loss_window`` steps). Batch-to-batch noise does not trigger
-    it: a healthy loss keeps falling, and a converged one lies far below half its start.
+    it: a healthy loss keeps falling, and a converged one lies far below half its start. On the
+    engine's bounded history (:mod:`hookscope.doctor.loss_history`: every loss of the start, an even
+    subsample after it) the windows count kept losses, so they still span an eighth of the run, and
+    the messages give their length in steps.
     """
     values = [v for _, v in losses]
     w = max(th.stall_window, len(values) // 8)
@@ -315,6 +318,7 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     if start <= 0 or recent < th.stall_level * start or recent < (1 - th.stall_drop) * previous:
         return []
     since = losses[-2 * w][0]
+    steps = losses[-1][0] - losses[-w][0] + 1  # the last window's length in steps
     ordered = sorted(values[-w:])
     spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
     evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
@@ -325,10 +329,11 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
                 "",
                 since,
                 "warning",
-                f"the training loss bounces instead of falling since step {since}: over the last {w} steps "
-                f"its median is {recent:.3g} ({recent / start:.0%} of its start {start:.3g}) and it swings "
-                f"by {spread:.0%} of that (10th to 90th percentile). Usual fixes: lower the learning rate "
-                "(try Learner.lr_find) or add warm-up, less momentum, a larger batch, gradient clipping.",
+                f"the training loss bounces instead of falling since step {since}: over the last {steps} "
+                f"steps its median is {recent:.3g} ({recent / start:.0%} of its start {start:.3g}) and it "
+                f"swings by {spread:.0%} of that (10th to 90th percentile). Usual fixes: lower the learning "
+                "rate (try Learner.lr_find) or add warm-up, less momentum, a larger batch, gradient "
+                "clipping.",
                 evidence,
             )
         ]
@@ -340,9 +345,9 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
             "",
             since,
             "warning",
-            f"the training loss {what} since step {since}: median {recent:.3g} over the last {w} steps, "
-            f"{previous:.3g} over the {w} before, {start:.3g} at the start. Usual fixes: a higher learning "
-            "rate (try Learner.lr_find), check that the optimizer holds the parameters and that the "
+            f"the training loss {what} since step {since}: median {recent:.3g} over the last {steps} "
+            f"steps, {previous:.3g} over the {steps} before, {start:.3g} at the start. Usual fixes: a higher "
+            "learning rate (try Learner.lr_find), check that the optimizer holds the parameters and that the "
             "activations are not dead or saturated, normalise the inputs, check the labels.",
             evidence,
         )

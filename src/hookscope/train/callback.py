@@ -7,9 +7,10 @@ listens to costs a dictionary lookup, not a loop over every callback.
 
 Two general mechanisms keep the Learner free of special cases:
 
-- a callback made of other callbacks lists them in :attr:`Callback.parts`; the table holds the parts as
-  callbacks of their own (each with its ``order``, ``run_train`` and ``run_valid``), and the composite
-  runs after its parts at every event, so it reads what they recorded for the same batch;
+- a callback that needs others beside it lists them in :attr:`Callback.companions`; ``learn.add_cb``
+  adds them to the Learner right after it, as callbacks of their own (each placed by its own ``order``,
+  keyed by its own name in checkpoints), and ``learn.remove_cb`` removes them with it. Nothing else
+  knows about them: the dispatch table, the ordering and the checkpoint see plain callbacks;
 - a callback that defines ``wrap_method(event, method)`` sees every other callback's event method when the
   table is built and may return a replacement (``CallbackCost`` times them this way).
 """
@@ -48,10 +49,15 @@ class Callback:
         """Snake-case class name without the ``Callback`` suffix: ``GradientClip`` -> ``gradient_clip``."""
         return _snake(type(self).__name__.removesuffix("Callback") or "callback")
 
+    # The key of this callback's state in a checkpoint; None: ``name`` (``.1``, ``.2`` ... for repeats).
+    # Set it (on the class or the instance) to keep a checkpoint's key when renaming a class.
+    state_key: str | None = None
+
     @property
-    def parts(self) -> list[Callback]:
-        """The callbacks this one is made of (none by default); they are dispatched as callbacks of their
-        own, and this one runs after them at every event."""
+    def companions(self) -> list[Callback]:
+        """Callbacks this one needs beside it in the Learner (none by default): ``learn.add_cb`` adds them
+        right after this one and ``learn.remove_cb`` removes them with it. They are not bound as
+        ``learn.<name>``, so a user's own callback of the same class does not clash with them."""
         return []
 
     def state_dict(self) -> dict[str, Any]:
@@ -80,14 +86,6 @@ def as_callbacks(items: Any) -> list[Callback]:
     if isinstance(items, Callback | type) or not isinstance(items, Iterable) or isinstance(items, str):
         items = [items]
     return [_as_callback(item) for item in items]
-
-
-def flatten(cbs: Iterable[Callback]) -> list[Callback]:
-    """``cbs`` with the parts of every composite callback (recursively) placed before their owner."""
-    flat: list[Callback] = []
-    for cb in cbs:
-        flat += [*flatten(cb.parts), cb]
-    return flat
 
 
 def sort_callbacks(cbs: Iterable[Callback]) -> list[Callback]:
@@ -142,8 +140,8 @@ def _as_callback(item: Any) -> Callback:
 
 
 def _predecessors(cb: Callback, cbs: list[Callback]) -> set[int]:
-    """ids of the callbacks that must run before ``cb``: those it names, and its own parts."""
-    before: set[int] = {id(part) for part in cb.parts}
+    """ids of the callbacks that must run before ``cb``: those it names, and those that name it."""
+    before: set[int] = set()
     for other in cbs:
         if other is cb:
             continue

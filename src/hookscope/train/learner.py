@@ -33,7 +33,7 @@ from hookscope.hooks.batch import split_batch
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import model_device
 from hookscope.train import checkpoint, distributed
-from hookscope.train.callback import Callback, as_callbacks, dispatch_table, flatten, sort_callbacks
+from hookscope.train.callback import Callback, as_callbacks, dispatch_table, sort_callbacks
 from hookscope.train.data import (
     DataLoaders,
     TensorBatches,
@@ -124,14 +124,15 @@ class Learner:
         cbs = as_callbacks(cbs)
         defaults = _default_callbacks(progress)
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
-        for cb in sort_callbacks(flatten(self.cbs)):
+        for cb in sort_callbacks(self.cbs):
             if hasattr(cb, "after_create"):
                 cb.after_create()
 
     # ---- callbacks -----------------------------------------------------------------------------------
 
     def add_cb(self, cb: Callback) -> None:
-        """Attach ``cb``: it and its parts get ``cb.learn``; it is reachable as ``learn.<cb.name>``."""
+        """Attach ``cb``: it gets ``cb.learn`` and is reachable as ``learn.<cb.name>``; its companions
+        (:attr:`Callback.companions`) are attached right after it, without a ``learn.<name>``."""
         existing = getattr(self, cb.name, None)
         if existing is not None:
             kind = "callback" if isinstance(existing, Callback) else "Learner attribute"
@@ -139,10 +140,14 @@ class Learner:
                 f"Learner.add_cb: the name {cb.name!r} of {type(cb).__name__} is taken by a {kind}; "
                 "remove that callback first, or subclass with another name"
             )
-        for member in flatten([cb]):
-            member.learn = self
         setattr(self, cb.name, cb)
+        self._attach(cb)
+
+    def _attach(self, cb: Callback) -> None:
+        cb.learn = self
         self.cbs.append(cb)
+        for companion in cb.companions:
+            self._attach(companion)
 
     def add_cbs(self, cbs: Iterable[Callback]) -> None:
         for cb in cbs:
@@ -158,8 +163,10 @@ class Learner:
         self.cbs.remove(cb)
         if getattr(self, cb.name, None) is cb:
             delattr(self, cb.name)
-        for member in flatten([cb]):
-            member.learn = None
+        cb.learn = None
+        for companion in cb.companions:
+            if companion in self.cbs:
+                self.remove_cb(companion)
 
     def remove_cbs(self, cbs: Iterable[Callback | type[Callback]]) -> None:
         """Detach each of ``cbs`` (instances or classes), as :meth:`remove_cb` does."""
@@ -480,7 +487,7 @@ class Learner:
                 )
 
     def _resolve(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-        ordered = sort_callbacks(flatten(self.cbs))
+        ordered = sort_callbacks(self.cbs)
         if not distributed.is_rank_zero():
             ordered = [cb for cb in ordered if not getattr(cb, "rank_zero_only", False)]
         return dispatch_table(ordered, training=True), dispatch_table(ordered, training=False)

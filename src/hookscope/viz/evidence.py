@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hookscope.doctor.findings import Finding
-from hookscope.doctor.records import ParamRecord, StepStats
+from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.viz.plots import gradient_flow
 from hookscope.viz.save import save_figure
 

@@ -1,9 +1,9 @@
 """Training-statistics plots: the colorful dimension, activation curves and gradient flow.
 
-Each function takes what :class:`~hookscope.callbacks.monitor.ActivationStats` or
-:class:`~hookscope.callbacks.monitor.GradientStats` recorded (the callback itself or its ``history`` /
-``param_history`` mapping) and returns a ``matplotlib.figure.Figure`` built without pyplot; save it with
-:func:`hookscope.viz.save_figure`.
+Each function takes what :class:`~hookscope.callbacks.ActivationStats`,
+:class:`~hookscope.callbacks.GradientStats` or the Doctor (``learn.doctor.activations`` / ``.gradients``)
+recorded (the callback or recorder itself, or its ``history`` / ``param_history`` mapping) and returns a
+``matplotlib.figure.Figure`` built without pyplot; save it with :func:`hookscope.viz.save_figure`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord, StepStats
+from hookscope.callbacks.layer_stats import ActivationStats, GradientStats
+from hookscope.doctor.record_types import ParamRecord, StepStats
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 
 History = Mapping[str, Sequence[StepStats]]
 ParamHistory = Mapping[str, Sequence[ParamRecord]]
+# What recorded layer statistics: a statistics callback or a recorder (the Doctor's)
+Recorded = ActivationStats | GradientStats | ActivationRecorder | GradientRecorder
 
 
 def colorful_dimension(
-    history: ActivationStats | GradientStats | History,
+    history: Recorded | History,
     layer: str,
     *,
     log: bool = True,
@@ -62,7 +66,7 @@ def colorful_dimension(
 
 
 def activation_curves(
-    history: ActivationStats | GradientStats | History,
+    history: Recorded | History,
     layers: Sequence[str] | None = None,
     *,
     dead_threshold: float = 0.0,
@@ -100,14 +104,14 @@ def activation_curves(
     return fig
 
 
-def gradient_flow(grad_stats: GradientStats | ParamHistory) -> Figure:
+def gradient_flow(grad_stats: GradientStats | GradientRecorder | ParamHistory) -> Figure:
     """Gradient norm per layer, in model order: median over the recorded steps (bar), range (line), last
     step (dot); a second panel shows the update-to-weight ratio when it was recorded.
 
     A layer's norm combines its parameters (``sqrt(sum of squared norms)``); its update ratio is the
     largest of its parameters'. A layer that never got a gradient is marked "no grad".
     """
-    params = grad_stats.param_history if isinstance(grad_stats, GradientStats) else grad_stats
+    params = grad_stats if isinstance(grad_stats, Mapping) else grad_stats.param_history
     if not any(params.values()):
         raise ValueError(
             "gradient_flow: no gradient records yet; train with hs.callbacks.GradientStats() first"
@@ -171,8 +175,8 @@ def _layer_ratios(param_records: list[Sequence[ParamRecord]]) -> np.ndarray:
     return np.array([by_step[s] for s in sorted(by_step)])
 
 
-def _history(source: ActivationStats | GradientStats | History) -> History:
-    return source.history if isinstance(source, ActivationStats | GradientStats) else source
+def _history(source: Recorded | History) -> History:
+    return source if isinstance(source, Mapping) else source.history
 
 
 def _layer_records(history: History, layer: str, who: str) -> Sequence[StepStats]:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hookscope.callbacks.monitor import ActivationStats, GradientStats
 from hookscope.doctor.findings import ranked
-from hookscope.doctor.records import ActivationRecorder, GradientRecorder
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.capture import capture
 from hookscope.viz.curves import loss_curves, lr_schedule
 from hookscope.viz.evidence import write_finding_figures
@@ -36,8 +35,8 @@ FEATURE_MAP_LAYERS = 2  # the first conv layers, drawn on one validation sample
 def write_run_figures(
     learn: Learner,
     path: Callable[[str], Path],
-    activations: ActivationStats | None = None,
-    gradients: GradientStats | None = None,
+    activations: ActivationRecorder | None = None,
+    gradients: GradientRecorder | None = None,
     sample: tuple | None = None,
 ) -> None:
     """Draw the loss and lr curves, the statistics of ``activations`` / ``gradients`` (when recorded), the
@@ -60,8 +59,8 @@ def write_run_figures(
 def write_statistics_figures(
     model: nn.Module,
     path: Callable[[str], Path],
-    activations: ActivationStats | ActivationRecorder | None,
-    gradients: GradientStats | GradientRecorder | None,
+    activations: ActivationRecorder | None,
+    gradients: GradientRecorder | None,
 ) -> None:
     """The activation curves and colorful-dimension images, and the gradient flow, of what was recorded
     (a Learner's callbacks or the recorders of ``hs.watch``)."""
@@ -71,9 +70,7 @@ def write_statistics_figures(
         save_figure(gradient_flow(gradients.param_history), path("figures/gradient_flow.png"))
 
 
-def _activation_figures(
-    stats: ActivationStats | ActivationRecorder, model: nn.Module, path: Callable[[str], Path]
-) -> None:
+def _activation_figures(stats: ActivationRecorder, model: nn.Module, path: Callable[[str], Path]) -> None:
     history = stats.history
     watched = [name for name, records in history.items() if records]
     if not watched:

@@ -3,10 +3,10 @@
 Rates are bounded and reads are batched: every ``every``-th optimizer step keeps a reference to its
 (device) loss, and every ``read_every`` steps (and at each epoch's end) the kept losses are read in ONE
 transfer and written together with the statistics and the doctor's new findings. The statistics come
-from the ActivationStats / GradientStats already attached (a :class:`~hookscope.callbacks.Doctor` holds
-both): their histograms are computed on the device and read in their own bulk transfers; a tracker adds
-no hook and no statistic of its own. Scalars are logged at most every ``stats_every`` steps, histograms
-every ``hist_every`` steps.
+from the ActivationStats / GradientStats already attached, or a :class:`~hookscope.callbacks.Doctor`
+(found with :func:`~hookscope.callbacks.layer_stats.layer_statistics`): their histograms are computed
+on the device and read in their own bulk transfers; a tracker adds no hook and no statistic of its own.
+Scalars are logged at most every ``stats_every`` steps, histograms every ``hist_every`` steps.
 
 A tracker never stops training: one that cannot import its library, start, or write is reported once as
 a warning naming the tracker and the cause, and is off for the rest of the fit; what it wrote is kept.
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hookscope.callbacks.monitor import ActivationStats, GradientStats, ParamRecord
+from hookscope.callbacks.layer_stats import ParamRecord, layer_statistics
 from hookscope.callbacks.trackers.records import (
     Predictions,
     Rows,
@@ -44,7 +44,7 @@ from hookscope.callbacks.trackers.records import (
 )
 from hookscope.doctor.findings import Finding
 from hookscope.hooks.stats import TensorStats
-from hookscope.train.callback import Callback, flatten
+from hookscope.train.callback import Callback
 
 INSTALL_HINT = "pip install 'hookscope[trackers]'"
 
@@ -270,8 +270,8 @@ class Tracker(Callback, ABC):
 
     def _take_stats(self, rows: Rows) -> dict[int, dict[str, TensorStats]]:
         """Add the statistics scalars due to ``rows``; return the histograms due, by step."""
-        activations = self._first(ActivationStats)
-        gradients = self._first(GradientStats)
+        statistics = layer_statistics(self.learn)
+        activations, gradients = statistics.activations, statistics.gradients
         acts = activations.history if activations is not None else {}
         outs = gradients.history if gradients is not None else {}  # empty without output_grads
         params = gradients.param_history if gradients is not None else {}
@@ -373,7 +373,7 @@ class Tracker(Callback, ABC):
         return self._first(RunFolder)
 
     def _first(self, kind: type[Callback]) -> Any:
-        return next((cb for cb in flatten(self.learn.cbs) if isinstance(cb, kind)), None)
+        return next((cb for cb in self.learn.cbs if isinstance(cb, kind)), None)
 
 
 def _summary_text(learn: Any) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from hookscope.callbacks.monitor import ParamRecord, StepStats
+from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.hooks.stats import TensorStats
 from hookscope.hooks.tensors import map_tensors
 from hookscope.train.learner import split_batch

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hookscope.train.callback import Callback, flatten
+from hookscope.train.callback import Callback
 from hookscope.train.checkpoint.file import CheckpointError, check_plain
 from hookscope.train.checkpoint.weights import check_model_state
 
@@ -140,14 +140,15 @@ def check_param_groups(
 
 
 def keyed_callbacks(learn: Learner) -> list[tuple[str, Any]]:
-    """Callbacks, the parts of composite ones included, keyed by ``cb.name``; a repeated name gets
-    ``.1``, ``.2`` ... in the order of ``flatten(learn.cbs)``."""
+    """Callbacks keyed by their ``state_key`` (``cb.name`` unless set); a repeated key gets ``.1``,
+    ``.2`` ... in the order of ``learn.cbs``."""
     keyed: list[tuple[str, Any]] = []
     seen: dict[str, int] = {}
-    for cb in flatten(learn.cbs):
-        count = seen.get(cb.name, 0)
-        seen[cb.name] = count + 1
-        keyed.append((cb.name if count == 0 else f"{cb.name}.{count}", cb))
+    for cb in learn.cbs:
+        key = cb.state_key or cb.name
+        count = seen.get(key, 0)
+        seen[key] = count + 1
+        keyed.append((key if count == 0 else f"{key}.{count}", cb))
     return keyed
 
 

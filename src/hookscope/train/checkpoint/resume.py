@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.train import distributed
-from hookscope.train.callback import flatten
 from hookscope.train.checkpoint.callback_state import load_pending_objects
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
@@ -190,7 +189,7 @@ def _fallbacks(latest: Path) -> list[Path]:
 def _resume_path(learn: Learner, resume: str | os.PathLike[str]) -> Path:
     if resume != "last":
         return Path(resume)
-    checkpoint = next((cb for cb in flatten(learn.cbs) if cb.name == "checkpoint"), None)
+    checkpoint = next((cb for cb in learn.cbs if cb.name == "checkpoint"), None)
     folder = getattr(checkpoint, "dir", None)
     if folder is None:
         raise ValueError(
