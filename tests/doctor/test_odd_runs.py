@@ -39,8 +39,9 @@ XFAIL = {
     "slow_starter": SLOW.format(numbers="2.30 -> 2.30 -> 2.28 over 90 steps, accuracy 0.12 -> 0.40"),
     "gpt2_first_steps": (
         "exploding_gradient on gpt2.transformer.wpe at step 0 ('the gradient flowing out of it is 177x "
-        "larger than at the output'): the position embedding's output is shared by the batch (its gradient sums "
-        "over it) and a 50257-logit head's output gradient is no yardstick; fixed by issue 24 item 9"
+        "larger than at the output'): the position embedding's output is shared by the batch (its "
+        "gradient sums over it) and a 50257-logit head's output gradient is no yardstick; fixed by issue "
+        "24 item 9"
     ),
     "examples_mnist": (
         "dead_units named at `dropout2` ('its input comes from `dropout1`'): the dead units are fc1's, "
