@@ -190,6 +190,27 @@ def fit_framework(name: str, run: OddRun, **options: Any) -> Outcome:
     return Outcome(findings, steps)
 
 
+def fit_transformers_lm(run: OddRun, out: str) -> Outcome:
+    """A GPT-2 run (:func:`gpt2_from_scratch`) in HF's Trainer as its users write it: the model computes its
+    own loss from ``labels`` (the inputs; it shifts them), AdamW at the run's lr, no clipping, hookscope's
+    callback at its defaults."""
+    from transformers import Trainer
+
+    from hookscope.integrations.transformers import HookscopeCallback
+
+    callback = HookscopeCallback()
+    model = run.model.gpt2
+    examples = [{"input_ids": x, "labels": x} for x, _ in run.train.dataset]
+    steps = len(run.train)
+    args = _loops_module().hf_arguments(out, steps, run.train.batch_size, run.lr, max_grad_norm=0.0)
+    trainer = Trainer(model=model, args=args, train_dataset=examples, callbacks=[callback])
+    try:
+        trainer.train()
+    finally:
+        callback.close()  # the Trainer fires no event when training raises
+    return Outcome(callback.findings, callback.watch.step if callback.watch is not None else 0)
+
+
 # ---- data ------------------------------------------------------------------------------------------------
 
 
