@@ -171,14 +171,19 @@ def _validate(model: nn.Module, run: OddRun, w: hs.Watch) -> None:
     model.train()
 
 
-def _loops_module() -> Any:
-    """``tests/integrations/loops.py`` (one training in five loops), imported once under its own name."""
-    if "loops" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("loops", TESTS / "integrations" / "loops.py")
+def _import_once(name: str, path: Path) -> Any:
+    """The module at ``path`` (a helper or an example, not on ``sys.path``), imported once as ``name``."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["loops"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["loops"]
+    return sys.modules[name]
+
+
+def _loops_module() -> Any:
+    """``tests/integrations/loops.py``: one training in five loops."""
+    return _import_once("loops", TESTS / "integrations" / "loops.py")
 
 
 def fit_framework(name: str, run: OddRun, **options: Any) -> Outcome:
@@ -569,14 +574,8 @@ def gpt2_124m() -> OddRun:
 
 
 def _example(name: str) -> Any:
-    """A module of the repository's ``examples/`` folder, imported once under ``example_<name>``."""
-    key = f"example_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, TESTS.parent / "examples" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    """A module of the repository's ``examples/`` folder."""
+    return _import_once(f"example_{name}", TESTS.parent / "examples" / f"{name}.py")
 
 
 def _adam_gan(params: Any, lr: float) -> torch.optim.Optimizer:
