@@ -48,7 +48,8 @@ class OddRun:
     after every optimizer step (``"step"``) or every epoch; ``accumulate`` batches per optimizer step;
     ``precision`` an autocast dtype (float16 with a GradScaler starting at ``init_scale``); ``cbs`` extra
     Learner callbacks (a GAN's discriminator trainer); ``plain`` replaces the generic hand-written loop
-    for runs whose loop is their own (GANs, the word language model)."""
+    for runs whose loop is their own (GANs, the word language model); ``adversary`` is a GAN's
+    discriminator and the criterion both players use, for the loops written out here."""
 
     model: nn.Module
     train: DataLoader
@@ -65,6 +66,7 @@ class OddRun:
     clip: float | None = None
     cbs: list[hs.Callback] = field(default_factory=list)
     plain: Callable[[OddRun], Outcome] | None = None
+    adversary: tuple[nn.Module, nn.Module] | None = None
 
 
 @dataclass
@@ -631,14 +633,15 @@ def tiny_gan() -> OddRun:
         lr=2e-4,
         opt_func=_adam_gan,
         cbs=[gan.DiscriminatorTrainer(discriminator, lr=2e-4)],
-        plain=partial(_gan_plain, discriminator=discriminator, criterion=nn.BCEWithLogitsLoss()),
+        plain=_gan_plain,
+        adversary=(discriminator, nn.BCEWithLogitsLoss()),
     )
 
 
-def _gan_plain(run: OddRun, discriminator: nn.Module, criterion: nn.Module) -> Outcome:
+def _gan_plain(run: OddRun) -> Outcome:
     """dcgan/main.py's loop: a discriminator step on real and detached fake images, then a generator step
     on the discriminator's verdict; the user watches the generator with its optimizer."""
-    generator = run.model
+    generator, (discriminator, criterion) = run.model, run.adversary
     opt_d = _adam_gan(discriminator.parameters(), run.lr)
     opt_g = run.opt_func(generator.parameters(), lr=run.lr)
     with hs.watch(generator, opt_g) as w:
@@ -658,6 +661,52 @@ def _gan_plain(run: OddRun, discriminator: nn.Module, criterion: nn.Module) -> O
                 loss_g.backward()
                 opt_g.step()
     return Outcome(w.findings, w.step)
+
+
+def fit_lightning_gan(run: OddRun) -> Outcome:
+    """A GAN run in Lightning as its users write one: manual optimization, the discriminator's step then
+    the generator's in ``training_step``, two optimizers from ``configure_optimizers``; hookscope's
+    callback watches the generator (``HookscopeCallback(model=generator)``) at its defaults."""
+    import lightning.pytorch as pl
+
+    from hookscope.integrations.lightning import HookscopeCallback
+
+    generator, (discriminator, criterion) = run.model, run.adversary
+
+    class LitGAN(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator, self.discriminator = generator, discriminator
+            self.automatic_optimization = False
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            noise, real = batch
+            opt_g, opt_d = self.optimizers()
+            fake = self.generator(noise)
+            out_real, out_fake = self.discriminator(real), self.discriminator(fake.detach())
+            loss_d = criterion(out_real, torch.ones_like(out_real))
+            loss_d = loss_d + criterion(out_fake, torch.zeros_like(out_fake))
+            opt_d.zero_grad()
+            self.manual_backward(loss_d)
+            opt_d.step()
+            out = self.discriminator(fake)
+            loss_g = criterion(out, torch.ones_like(out))
+            opt_g.zero_grad()
+            self.manual_backward(loss_g)
+            opt_g.step()
+            return loss_g
+
+        def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+            return [
+                run.opt_func(generator.parameters(), lr=run.lr),
+                _adam_gan(discriminator.parameters(), run.lr),
+            ]
+
+    callback = HookscopeCallback(model=generator)
+    steps = 2 * run.epochs * len(run.train)  # Lightning counts the steps of both optimizers
+    trainer = _loops_module().lightning_trainer(steps, callback, max_epochs=run.epochs)
+    trainer.fit(LitGAN(), run.train)
+    return Outcome(callback.findings, callback.watch.step if callback.watch is not None else 0)
 
 
 def cyclegan() -> OddRun:
@@ -883,7 +932,8 @@ def examples_dcgan() -> OddRun:
         lr=2e-4,
         opt_func=_adam_gan,
         cbs=[BCEDiscriminatorTrainer(discriminator, lr=2e-4)],
-        plain=partial(_gan_plain, discriminator=discriminator, criterion=nn.BCELoss()),
+        plain=_gan_plain,
+        adversary=(discriminator, nn.BCELoss()),
     )
 
 

@@ -22,6 +22,7 @@ from odd_runs import (
     Outcome,
     fit_framework,
     fit_learner,
+    fit_lightning_gan,
     fit_plain,
     fit_transformers_lm,
 )
@@ -108,6 +109,7 @@ SHORT_CASES = [_case("gpt2_first_steps", loop) for loop in LOOPS] + [_case("gpt2
 FRAMEWORKS = ("lightning", "fastai", "transformers")
 FRAMEWORK_CASES = [_case(name, loop) for name in FRAMEWORK_RUNS for loop in FRAMEWORKS]
 GPT2_HF_CASES = [_case(name, "transformers") for name in ("gpt2_first_steps", "gpt2_from_scratch")]
+GAN_LIGHTNING_CASES = [_case(name, "lightning") for name in ("tiny_gan", "examples_dcgan")]
 
 
 def _assert_silent(
@@ -145,6 +147,12 @@ def test_the_doctor_is_silent_on_healthy_odd_runs_in_the_frameworks(name, loop, 
     run = RUNS[name]()
     options = {"out": str(tmp_path)} if loop == "transformers" else {}
     _assert_silent(fit_framework(loop, run, **options), run.model)
+
+
+@pytest.mark.parametrize(("name", "loop"), GAN_LIGHTNING_CASES)
+def test_the_doctor_is_silent_on_gans_in_lightning(name, loop):
+    run = RUNS[name]()
+    _assert_silent(fit_lightning_gan(run), run.model)
 
 
 # ---- the runs are what they claim to be ------------------------------------------------------------------
