@@ -50,7 +50,10 @@ XFAIL = {
         "outside the kinds item 9 names; and plateau on the generators' game loss (8.38 -> 7.11 -> 7.14), "
         "fixed by issue 24 item 9 (several optimizers on one loss landscape, a loss that is a game)"
     ),
-    "slow_starter": SLOW.format(numbers="2.30 -> 2.30 -> 2.28 over 90 steps, accuracy 0.12 -> 0.40"),
+    "slow_starter": SLOW.format(
+        numbers="medians 2.30 -> 2.30 -> 2.28 at the check that fires; 2.30 -> 2.23 over the 90 steps while "
+        "the accuracy climbs 0.12 -> 0.38"
+    ),
     "gpt2_first_steps": (
         "exploding_gradient on gpt2.transformer.wpe at step 0 ('the gradient flowing out of it is 177x "
         "larger than at the output'; 116x in HF's Trainer): the position embedding's output is shared "
@@ -72,7 +75,7 @@ XFAIL = {
         "outside the list of issue 24 item 9, for its healthy suite"
     ),
     ("examples_word_language_model", "learner"): SLOW.format(
-        numbers="5.24 -> 5.08 -> 5.05 over its first 60 steps; it reaches 1.6 by step 300"
+        numbers="medians 5.24 -> 5.08 -> 5.05 at the check that fires; the same run is at 2.2 by its step 200"
     ),
     ("examples_word_language_model", "plain"): (
         "no finding, but none could come: main.py updates the weights by hand (no optimizer object), so "
@@ -178,7 +181,7 @@ def test_the_slow_starter_learns():
     before = _accuracy(run.model, run.valid)
     fit_plain(run)
     after = _accuracy(run.model, run.valid)
-    assert before < 0.2 and after > 0.3  # measured 0.12 -> 0.40: slow, but learning
+    assert before < 0.2 and after > 0.3  # measured 0.12 -> 0.38: slow, but learning
 
 
 def test_the_fp16_run_skips_steps_in_both_loops():
