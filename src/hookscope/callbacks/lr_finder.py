@@ -208,7 +208,9 @@ def find_lr(
         learn.create_opt()
     finder = LRFinder(start_lr, end_lr, num_it, stop_div)
     snapshot = _Snapshot(learn)
-    detached = [cb for cb in learn.cbs if sits_out_sweeps(cb)]
+    # a companion leaves and comes back with its owner (remove_cb/add_cb take it along)
+    companions = {id(companion) for cb in learn.cbs for companion in cb.companions}
+    detached = [cb for cb in learn.cbs if sits_out_sweeps(cb) and id(cb) not in companions]
     try:
         for cb in detached:
             learn.remove_cb(cb)
