@@ -163,7 +163,7 @@ class ModeCheck:
             return []
         step, names = self.eval_in_train
         message = (
-            f"{self._eval_forwards} forward(s) under `torch.no_grad()` (an evaluation or prediction, after "
+            f"{self._eval_forwards} forward(s) under `torch.no_grad()` (an evaluation or prediction, at "
             f"step {step}) ran with modules in train mode: {_listed(names)} — dropout drops units at "
             "random and BatchNorm uses the batch's statistics and overwrites its running statistics with "
             "the evaluation data. Call `model.eval()` before evaluating and `model.train()` after."
