@@ -2,6 +2,8 @@
 them the way ``hs.watch`` does: the optimizer's step pre-hook (gradients final) and post-hook (the step
 happened, the batch ends, a check every ``check_every`` steps); the loop logs its loss and targets."""
 
+from functools import cache
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -59,9 +61,14 @@ def cnn() -> nn.Sequential:
     )
 
 
+@cache
+def _digits():
+    return digits_tensors()
+
+
 def digits(shuffle=True, batch_size=64, sort=False, n=None) -> DataLoader:
     """The training digits (1x8x8), optionally sorted by label."""
-    x, y, _, _ = digits_tensors()
+    x, y, _, _ = _digits()
     if sort:
         order = torch.argsort(y, stable=True)
         x, y = x[order], y[order]
@@ -72,7 +79,7 @@ def digits(shuffle=True, batch_size=64, sort=False, n=None) -> DataLoader:
 
 
 def valid_digits() -> DataLoader:
-    _, _, x, y = digits_tensors()
+    _, _, x, y = _digits()
     return DataLoader(TensorDataset(x, y), batch_size=128)
 
 

@@ -7,9 +7,9 @@ It is fed like the engine's other recorders — :meth:`~ProtocolRecorder.attach`
 :meth:`~ProtocolRecorder.discard_batch`, :meth:`~ProtocolRecorder.end_batch`,
 :meth:`~ProtocolRecorder.begin_valid` / :meth:`~ProtocolRecorder.end_valid`,
 :meth:`~ProtocolRecorder.close` or :meth:`~ProtocolRecorder.fail` — and registers its own hooks: a
-forward pre-hook on the model (modes, the input fingerprint) and host hooks on a few parameters (stale
-gradients). :meth:`~ProtocolRecorder.findings` reads what is pending on the device in one transfer, runs
-the checks on host numbers and returns the findings not returned before.
+forward pre-hook on the model (modes, the input fingerprint), a forward hook (graphs) and host hooks on
+a few parameters (stale gradients). :meth:`~ProtocolRecorder.findings` reads what is pending on the
+device in one transfer, runs the checks on host numbers and returns the findings not returned before.
 
 Per step it costs host work (flags, weak references, learning rates) and a few small device ops (the
 input fingerprint, the batch's class histogram), never a host read.
@@ -62,6 +62,7 @@ class ProtocolRecorder:
         self.stale.attach(model)
         self.modes.attach(model)
         self._hooks.forward_pre(model, self._before_forward, with_kwargs=True)
+        self._hooks.forward(model, self._after_forward)
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         self.stale.watch_optimizer(optimizer)
@@ -73,8 +74,7 @@ class ProtocolRecorder:
             check.begin_batch(step, training)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
-        """Validation losses count too: a graph kept from a validation loop without ``no_grad`` is one."""
-        self.graphs.log_loss(loss)
+        """Nothing reads the loss: ``graph_kept_alive`` tags the model's output, an ancestor of it."""
 
     def log_target(self, target: Any, training: bool = True) -> None:
         """The batch's targets: class indices feed ``unshuffled_data`` (training batches only)."""
@@ -173,3 +173,7 @@ class ProtocolRecorder:
         self.modes.forward(model)
         if torch.is_grad_enabled():
             self.repeats.forward(first_tensor(args) if args else first_tensor(kwargs))
+
+    def _after_forward(self, model: nn.Module, args: tuple, output: Any) -> None:
+        if torch.is_grad_enabled():
+            self.graphs.forward_output(first_tensor(output))
