@@ -13,16 +13,18 @@ from hookscope.doctor.protocol import ProtocolRecorder
 
 
 class Feed:
-    def __init__(self, model, optimizer, check_every=5, **options):
+    def __init__(self, model, optimizer, check_every=5, start=0, state=None, **options):
         self.recorder = ProtocolRecorder(**options)
+        if state is not None:
+            self.recorder.load_state_dict(state)
         self.recorder.attach(model)
         self.recorder.watch_optimizer(optimizer)
-        self.check_every, self.step, self.found = check_every, 0, []
+        self.check_every, self.step, self.found = check_every, start, []
         self._handles = [
             optimizer.register_step_pre_hook(lambda *_: self.recorder.gradients_ready()),
             optimizer.register_step_post_hook(lambda *_: self._stepped()),
         ]
-        self.recorder.begin_batch(0, training=True)
+        self.recorder.begin_batch(start, training=True)
 
     def log(self, loss, target=None):
         self.recorder.log_loss(loss, training=torch.is_grad_enabled())
@@ -36,8 +38,12 @@ class Feed:
         self.found += self.recorder.findings()
         return self.found
 
-    def kinds(self):
-        return {f.kind for f in self.found}
+    def abandon(self):
+        """The process ends without a last check (a crash after a checkpoint): the findings so far."""
+        for handle in self._handles:
+            handle.remove()
+        self.recorder.fail()
+        return self.found
 
     def _stepped(self):
         self.recorder.step_done()
