@@ -50,7 +50,7 @@ class Feed:
         self.recorder.end_batch()
         self.step += 1
         if self.step % self.check_every == 0:
-            self.found += self.recorder.findings(self.step)
+            self.found += self.recorder.findings()
         self.recorder.begin_batch(self.step, training=True)
 
 

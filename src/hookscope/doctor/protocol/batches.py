@@ -12,11 +12,12 @@ is constant (a fixed mask or position ids given before the data) would need anot
 
 ``unshuffled_data``: batches whose label mix is far from the data's — a dataset sorted by label and never
 shuffled. From class-index targets (1-D integer tensors; floats — regression, soft labels — and other
-shapes are skipped) each batch's class histogram is counted on the device (:data:`CLASSES` buckets, larger
-class indices folded onto them). A check compares the recent batches (:data:`WINDOW`) with the running
-mix of every label seen: their mean total-variation distance from it, against the distance random
-sampling gives for their batch size (computed exactly from the binomial) and against that of batches of
-a single class. Silent on shuffled data, also with few classes per batch by chance or small batches
+shapes are skipped) each batch's labels (its first :data:`LABELS`) are copied into a device ring, one op
+per step; a check reads the new ones in one transfer and counts them on the host (:data:`CLASSES`
+buckets, larger class indices folded onto them). It compares the recent batches (:data:`WINDOW`) with
+the running mix of every label seen: their mean total-variation distance from it, against the distance
+random sampling gives for their batch size (computed exactly from the binomial) and against that of
+batches of a single class. Silent on shuffled data, also with few classes per batch by chance or small batches
 (the yardstick grows with them); a sampler that changes the mix on purpose (a curriculum, batches of one
 class by design) looks the same. :func:`loader_not_shuffled` tells the Learner that its training loader
 does not shuffle before a batch is seen.
@@ -38,6 +39,7 @@ from hookscope.doctor.protocol.ring import DeviceRing
 SAMPLE = 1024
 REPEATS = 3
 CLASSES = 128
+LABELS = 1024  # labels of a batch kept: a larger batch's first ones are a sample of its mix
 WINDOW = 32
 MIN_BATCHES = 8
 # Share of the way from random sampling's distance to a single-class batch's that the recent batches
@@ -52,8 +54,7 @@ class RepeatedBatch:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.ring = DeviceRing(RING_ROWS, 2)
-        self._weights: torch.Tensor | None = None
-        self._strides: dict[int, int] = {}
+        self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
         self._taken = False  # this step's fingerprint is written
         self._step = 0
         self._last: tuple[float, float] | None = None
@@ -69,12 +70,11 @@ class RepeatedBatch:
         if not self.enabled or self._taken or inputs is None:
             return
         self._taken = True
-        flat = inputs.detach().reshape(-1)
-        stride = self._strides.get(flat.numel()) or self._stride_for(flat.numel())
+        flat = (inputs.detach() if inputs.requires_grad else inputs).reshape(-1)
+        stride, weights = self._plan(flat)
         sample = flat[::stride]
         if sample.dtype != torch.float32:
             sample = sample.float()
-        weights = self._weights_on(sample.device)[:, : sample.numel()]
         out = self.ring.row(sample.device)
         if torch.is_autocast_enabled(sample.device.type):
             with torch.autocast(sample.device.type, enabled=False):
@@ -127,27 +127,29 @@ class RepeatedBatch:
             return False
         return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(value, self._last, strict=True))
 
-    def _stride_for(self, n: int) -> int:
-        stride = _next_prime(-(-n // SAMPLE)) if n > SAMPLE else 1
-        self._strides[n] = stride
-        return stride
-
-    def _weights_on(self, device: torch.device) -> torch.Tensor:
-        if self._weights is None or self._weights.device != device:
+    def _plan(self, flat: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The sampling stride for this many values and the weights of that many samples, on the device."""
+        key = (flat.numel(), flat.device)
+        if key not in self._plans:
+            n, device = key
+            stride = _next_prime(-(-n // SAMPLE)) if n > SAMPLE else 1
             generator = torch.Generator().manual_seed(0)  # the same fingerprints after a resume
-            self._weights = torch.rand(2, SAMPLE, generator=generator).add_(0.5).to(device)
-        return self._weights
+            weights = torch.rand(2, SAMPLE, generator=generator).add_(0.5)
+            self._plans[key] = (stride, weights[:, : -(-n // stride)].contiguous().to(device))
+        return self._plans[key]
 
 
 class LabelMix:
-    """Per-batch class histograms on the device; the recent ones against the running mix at a check."""
+    """Each batch's labels in a device ring; at a check, their class histograms on the host, the recent
+    ones against the running mix."""
 
     def __init__(self) -> None:
-        self.ring = DeviceRing(RING_ROWS, CLASSES)
-        self._ones: torch.Tensor | None = None
+        self.ring = DeviceRing(RING_ROWS, LABELS, torch.int64)
         self._step = 0
         self.counts = np.zeros(CLASSES)
         self._recent: deque[np.ndarray] = deque(maxlen=WINDOW)
+        self._expected: dict[int, tuple[np.ndarray, float]] = {}  # batch size -> (mix, random distance)
+        self._new = False  # batches read since the last check
         self.found: tuple[int, float, float] | None = None  # step, mean distance, random sampling's
 
     def begin_batch(self, step: int, training: bool) -> None:
@@ -155,35 +157,49 @@ class LabelMix:
             self._step = step
 
     def log_target(self, target: Any) -> None:
-        """Count a training batch's class indices (other targets are skipped)."""
+        """Copy a training batch's class indices (their first :data:`LABELS`) into the ring: one device op;
+        they are counted on the host at a check. Other targets are skipped."""
         if not _class_indices(target):
             return
         labels = target.detach()
-        if labels.dtype not in (torch.int64, torch.int32):
-            labels = labels.long()
-        row = self.ring.row(labels.device)
-        row.zero_()
-        row.index_add_(0, torch.remainder(labels, CLASSES), self._ones_on(labels))
-        self.ring.commit(self._step)
+        used = labels.numel()
+        if used > LABELS:
+            labels, used = labels[:LABELS], LABELS
+        self.ring.row(labels.device, used).copy_(labels)
+        self.ring.commit(self._step, used)
 
     def read(self, host: np.ndarray) -> None:
-        for _, row in self.ring.take(host):
+        for _, labels in self.ring.take(host):
+            row = np.bincount(labels.astype(np.int64) % CLASSES, minlength=CLASSES).astype(np.float64)
             self.counts += row
-            self._recent.append(row.copy())
+            self._recent.append(row)
+            self._new = True
 
     def check(self) -> None:
         """Compare the recent batches with the running mix (host numbers only)."""
-        if self.found is not None or len(self._recent) < MIN_BATCHES or np.count_nonzero(self.counts) < 2:
+        new, self._new = self._new, False
+        if not new or self.found is not None or len(self._recent) < MIN_BATCHES:
+            return
+        if np.count_nonzero(self.counts) < 2:
             return
         mix = self.counts / self.counts.sum()
         single = 1.0 - float((mix * mix).sum())  # a one-class batch's distance, on average
-        distances = [0.5 * float(np.abs(row / row.sum() - mix).sum()) for row in self._recent]
-        random = float(np.mean([_random_distance(mix, int(row.sum())) for row in self._recent]))
+        recent = np.stack(list(self._recent))
+        sizes = recent.sum(axis=1)
+        distances = 0.5 * np.abs(recent / sizes[:, None] - mix).sum(axis=1)
+        random = float(np.mean([self._random(mix, n) for n in sizes.astype(int).tolist()]))
         if single - random < 0.1:
             return  # batches too small to tell a sorted mix from a random one
-        distance = float(np.mean(distances))
+        distance = float(distances.mean())
         if (distance - random) / (single - random) > SORTED_SCORE:
             self.found = (self._step, distance, random)
+
+    def _random(self, mix: np.ndarray, n: int) -> float:
+        """:func:`_random_distance`, computed again only once the mix moved (by 0.02 in total)."""
+        cached = self._expected.get(n)
+        if cached is None or np.abs(cached[0] - mix).sum() > 0.02:
+            cached = self._expected[n] = (mix, _random_distance(mix, n))
+        return cached[1]
 
     def findings(self) -> list[Finding]:
         if self.found is None:
@@ -212,12 +228,6 @@ class LabelMix:
         self._recent = deque(state["recent"].numpy().copy(), maxlen=WINDOW)
         found = state["found"]
         self.found = (int(found[0]), float(found[1]), float(found[2])) if found else None
-
-    def _ones_on(self, labels: torch.Tensor) -> torch.Tensor:
-        n = labels.numel()
-        if self._ones is None or self._ones.device != labels.device or self._ones.numel() < n:
-            self._ones = torch.ones(max(n, 256), device=labels.device)
-        return self._ones[:n]
 
 
 def loader_not_shuffled(dataloader: Any) -> list[Finding]:

@@ -52,7 +52,6 @@ class ProtocolRecorder:
         self.graphs = GraphsKeptAlive()
         self.lr = LearningRateSchedule(total_steps, schedulers)
         self._hooks = HookSet()
-        self._training = False
         self._reported: set[str] = set()
 
     # ---- feed ----------------------------------------------------------------------------------------
@@ -69,7 +68,6 @@ class ProtocolRecorder:
         self.lr.watch_optimizer(optimizer)
 
     def begin_batch(self, step: int, training: bool) -> None:
-        self._training = training
         for check in (self.stale, self.modes, self.repeats, self.labels, self.graphs, self.lr):
             check.begin_batch(step, training)
 
@@ -125,9 +123,9 @@ class ProtocolRecorder:
         for (check, _), values in zip(rings, host, strict=True):
             check.read(values)
 
-    def findings(self, step: int | None = None) -> list[Finding]:
-        """Read what is pending, run the checks and return the findings of kinds not returned before.
-        ``step`` is accepted for symmetry with the engine's checks; each finding carries its own step."""
+    def findings(self) -> list[Finding]:
+        """Read what is pending, run the checks and return the findings not returned before (each carries
+        the step it holds since)."""
         self.read_pending()
         self.labels.check()
         self.graphs.check()
