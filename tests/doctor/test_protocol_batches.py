@@ -123,3 +123,28 @@ def test_loader_not_shuffled():
             return iter(range(4))
 
     assert loader_not_shuffled(DataLoader(Stream(), batch_size=2)) == []
+
+
+class Tagger(nn.Module):
+    """A transformers-style model: keyword inputs (``model(input_ids=...)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids):
+        return self.head(self.embed(input_ids).mean(1))
+
+
+def test_keyword_inputs_are_fingerprinted():
+    torch.manual_seed(0)
+    model = Tagger()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    feed = Feed(model, opt)
+    batch = {"input_ids": torch.randint(0, 50, (4, 12))}
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(**batch), torch.tensor([0, 1, 0, 1])).backward()
+        opt.step()
+    assert _kinds(feed.close())["repeated_batch"].evidence["steps"] == 5

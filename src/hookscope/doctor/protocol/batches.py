@@ -46,6 +46,7 @@ MIN_BATCHES = 8
 # must reach: shuffled data stays near 0, label-sorted data near 1.
 SORTED_SCORE = 0.5
 RING_ROWS = 64
+PLANS = 64  # input sizes whose sampling plan is kept
 
 
 class RepeatedBatch:
@@ -131,6 +132,8 @@ class RepeatedBatch:
         """The sampling stride for this many values and the weights of that many samples, on the device."""
         key = (flat.numel(), flat.device)
         if key not in self._plans:
+            if len(self._plans) >= PLANS:
+                self._plans.clear()  # inputs of ever new sizes (text of every length): stay bounded
             n, device = key
             stride = _next_prime(-(-n // SAMPLE)) if n > SAMPLE else 1
             generator = torch.Generator().manual_seed(0)  # the same fingerprints after a resume
