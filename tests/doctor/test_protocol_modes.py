@@ -85,7 +85,8 @@ def test_a_validation_phase_the_loop_announces_counts_from_its_first_batch():
 
 def test_frozen_backbone_in_eval_is_silent():
     torch.manual_seed(0)
-    backbone = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.1))
+    tail = nn.Sequential(nn.ReLU(), nn.Dropout(0.1))  # no parameters: the backbone's decide
+    backbone = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), tail)
     model = nn.Sequential(backbone, nn.Flatten(), nn.Linear(8 * 64, 10))
     backbone.requires_grad_(False)
     backbone.eval()  # frozen on purpose: its BatchNorm keeps its statistics

@@ -10,7 +10,7 @@ learning rate on an accelerator is skipped rather than read) is followed at ever
   far, so a collapse at step c is reported once the run reached 10·c steps (or at close). Warm-up then
   cosine decay, or one-cycle, reach 1/1000 of the peak only at the end of the run: silent. A periodic
   schedule that climbs back (``CosineAnnealingLR`` with ``T_max`` in epochs stepped per batch, warm
-  restarts) is not reported.
+  restarts) is not reported; a param group switched off on purpose early (its lr set to 0) is.
 - **growth**: at close, the last learning rate is above :data:`GROWTH` (10x) its first, is the highest so
   far, and still rose over the last tenth of the run (a gamma above 1, a warm-up factor without a cap). A
   run stopped during a long warm-up, or an LR range test, looks the same.

@@ -133,15 +133,15 @@ class ModeCheck:
 
     def _frozen(self, name: str, module: nn.Module) -> bool:
         """Frozen on purpose: the module's own parameters, or (a module without any, like dropout) those
-        of the block holding it, all have ``requires_grad=False``."""
-        own = list(module.parameters())
-        if own:
-            return not any(p.requires_grad for p in own)
-        parent = self._blocks.get(name.rpartition(".")[0])
-        if parent is None or parent is self._root:
-            return False
-        params = list(parent.parameters())
-        return bool(params) and not any(p.requires_grad for p in params)
+        of the nearest block holding it that has some, all have ``requires_grad=False``."""
+        while True:
+            params = list(module.parameters())
+            if params:
+                return not any(p.requires_grad for p in params)
+            name = name.rpartition(".")[0]
+            module = self._blocks.get(name)
+            if not name or module is None or module is self._root:
+                return False
 
     def _train_in_eval(self) -> list[Finding]:
         if self.train_in_eval is None:
