@@ -94,6 +94,27 @@ def test_frozen_backbone_in_eval_is_silent():
     assert _fit(model, Feed(model, opt), opt, evaluate=None) == []
 
 
+def test_a_backbone_unfrozen_but_left_in_eval_is_named():
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.1))
+    model = nn.Sequential(backbone, nn.Flatten(), nn.Linear(8 * 64, 10))
+    backbone.requires_grad_(False)
+    backbone.eval()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # the backbone's parameters get no gradient yet
+    feed = Feed(model, opt)
+    for step, (x, y) in enumerate(digits()):
+        if step == 7:
+            backbone.requires_grad_(True)  # unfrozen, but its dropout still in eval mode
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step == 12:
+            break
+    finding = _kinds(feed.close())["train_in_eval_mode"]
+    assert finding.module == "0.1"
+    assert finding.step == 10  # the first step after the check (at 10) that forgot the frozen verdict
+
+
 def test_batchnorm_kept_in_eval_while_the_model_trains_is_silent():
     model = cnn()
     model[1].eval()  # small-batch fine-tuning keeps BatchNorm statistics, its affine still trains

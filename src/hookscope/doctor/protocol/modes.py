@@ -64,6 +64,9 @@ class ModeCheck:
         self.train_in_eval: tuple[int, list[str], bool] | None = None  # step, modules, model in eval
         self.eval_in_train: tuple[int, list[str]] | None = None  # step, modules
         self._eval_forwards = 0
+        # offenders per (modules in eval, model in eval): a frozen backbone in eval is the same every
+        # step; forgotten at each check, so a backbone unfrozen later is seen
+        self._verdicts: dict[tuple[tuple[int, ...], bool], list[str]] = {}
 
     def attach(self, model: nn.Module) -> None:
         self._root = model
@@ -101,12 +104,16 @@ class ModeCheck:
         """An optimizer step applied what the last grad forward computed: was it in eval mode?"""
         self._no_grad_run = 0
         if self.train_in_eval is None and self._eval_at_step:
-            offenders = self._offenders(self._eval_at_step)
+            key = (tuple(self._eval_at_step), self._root_eval)
+            if key not in self._verdicts:
+                self._verdicts[key] = self._offenders(self._eval_at_step)
+            offenders = self._verdicts[key]
             if offenders:
                 self.train_in_eval = (self._step, offenders, self._root_eval)
         self._eval_at_step = []
 
     def findings(self) -> list[Finding]:
+        self._verdicts = {}
         return [*self._train_in_eval(), *self._eval_in_train()]
 
     def state_dict(self) -> dict[str, Any]:
