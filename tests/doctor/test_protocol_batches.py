@@ -7,7 +7,7 @@ from protocol_loops import Feed, cnn, digits, train
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from hookscope.doctor.protocol import loader_not_shuffled
+from hookscope.doctor.protocol import batches, loader_not_shuffled
 
 
 def _kinds(found):
@@ -43,6 +43,25 @@ def test_batches_that_change_are_silent():
     feed = Feed(model, opt)
     train(model, opt, feed, digits(shuffle=False), steps=30)  # in order, but every batch a new one
     assert feed.close() == []
+
+
+def test_channels_last_inputs_are_fingerprinted_without_a_copy():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+    model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt)
+    x, y = next(iter(digits(shuffle=False)))
+    x = x.repeat(1, 3, 1, 1).contiguous(memory_format=torch.channels_last)  # RGB-shaped
+    assert not x.is_contiguous()
+    for _ in range(4):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert _kinds(feed.close())["repeated_batch"].evidence["steps"] == 4
+    flat = batches._flat_view(x)  # what is sampled: the batch's own memory, not a copy of it
+    assert flat.data_ptr() == x.data_ptr() and flat.numel() == x.numel()
+    assert batches._flat_view(x[:, :, :4]) is None  # a view with gaps is skipped, not copied
 
 
 def test_one_batch_per_epoch_by_design_is_silent():

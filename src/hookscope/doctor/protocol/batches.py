@@ -8,7 +8,8 @@ an image's rows and samples only its constant border), written into a :class:`~.
 reads the new fingerprints in one transfer; :data:`REPEATS` equal ones in a row are a finding. Training on
 one batch on purpose (a dataset that fits in one batch, overfitting a batch as a test) looks the same:
 the loop can say so with ``batches_per_epoch=1``, which switches the check off. A model whose first input
-is constant (a fixed mask or position ids given before the data) would need another tensor to look at.
+is constant (a fixed mask or position ids given before the data) would need another tensor to look at;
+an input that is a view with gaps (a slice of a larger tensor) is skipped rather than copied.
 
 ``unshuffled_data``: batches whose label mix is far from the data's — a dataset sorted by label and never
 shuffled. From class-index targets (1-D integer tensors; floats — regression, soft labels — and other
@@ -71,7 +72,9 @@ class RepeatedBatch:
         if not self.enabled or self._taken or inputs is None:
             return
         self._taken = True
-        flat = (inputs.detach() if inputs.requires_grad else inputs).reshape(-1)
+        flat = _flat_view(inputs.detach() if inputs.requires_grad else inputs)
+        if flat is None:
+            return
         stride, weights = self._plan(flat)
         sample = flat[::stride]
         if sample.dtype != torch.float32:
@@ -252,6 +255,16 @@ def loader_not_shuffled(dataloader: Any) -> list[Finding]:
     )
     evidence = {"sampler": type(sampler).__name__}
     return [Finding("unshuffled_data", "", 0, "warning", message, evidence)]
+
+
+def _flat_view(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` as one dimension without a copy: its values in memory order (a channels-last batch is read
+    as it is stored); None when that needs a copy (a view with gaps), which a check is not worth."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    dense = x.permute(order)
+    return dense.view(-1) if dense.is_contiguous() else None
 
 
 def _class_indices(target: Any) -> bool:
