@@ -4,15 +4,17 @@ It is fed like the engine's other recorders — :meth:`~ProtocolRecorder.attach`
 :meth:`~ProtocolRecorder.watch_optimizer`, :meth:`~ProtocolRecorder.begin_batch`,
 :meth:`~ProtocolRecorder.log_loss`, :meth:`~ProtocolRecorder.log_target`,
 :meth:`~ProtocolRecorder.gradients_ready`, :meth:`~ProtocolRecorder.step_done`,
-:meth:`~ProtocolRecorder.discard_batch`, :meth:`~ProtocolRecorder.end_batch`,
-:meth:`~ProtocolRecorder.begin_valid` / :meth:`~ProtocolRecorder.end_valid`,
+:meth:`~ProtocolRecorder.step_cancelled` or :meth:`~ProtocolRecorder.discard_batch`,
+:meth:`~ProtocolRecorder.end_batch`, :meth:`~ProtocolRecorder.begin_valid` /
+:meth:`~ProtocolRecorder.end_valid`,
 :meth:`~ProtocolRecorder.close` or :meth:`~ProtocolRecorder.fail` — and registers its own hooks: a
 forward pre-hook on the model (modes, the input fingerprint), a forward hook (graphs) and host hooks on
 a few parameters (stale gradients). :meth:`~ProtocolRecorder.findings` reads what is pending on the
-device in one transfer, runs the checks on host numbers and returns the findings not returned before.
+device in one transfer (:meth:`~ProtocolRecorder.flush`), runs the checks on host numbers and returns
+the findings not returned before.
 
-Per step it costs host work (flags, weak references, learning rates) and a few small device ops (the
-input fingerprint, the batch's class histogram), never a host read.
+Per step it costs host work (flags, weak references, learning rates) and two small device ops (the
+input's fingerprint, a copy of the batch's labels), never a host read.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class ProtocolRecorder:
         self.stale.watch_optimizer(optimizer)
         self.lr.watch_optimizer(optimizer)
 
-    def begin_batch(self, step: int, training: bool) -> None:
+    def begin_batch(self, step: int, training: bool, recorded: bool = True) -> None:
+        """A batch starts. ``recorded`` (the engine's cadence) does not matter here: the protocol is
+        checked at every step; it is taken so the engine can drive every recorder alike."""
         for check in (self.stale, self.modes, self.repeats, self.labels, self.graphs, self.lr):
             check.begin_batch(step, training)
 
@@ -87,6 +91,10 @@ class ProtocolRecorder:
         self.modes.step_done()
         self.repeats.step_done()
         self.lr.step_done()
+
+    def step_cancelled(self) -> None:
+        """The step was cancelled after :meth:`gradients_ready`: no step, so its input is not counted."""
+        self.repeats.discard_batch()
 
     def discard_batch(self) -> None:
         self.repeats.discard_batch()
@@ -113,7 +121,7 @@ class ProtocolRecorder:
 
     # ---- checking ------------------------------------------------------------------------------------
 
-    def read_pending(self) -> None:
+    def flush(self) -> None:
         """The fingerprints and class histograms written since the last read, in one transfer."""
         rings = [(check, check.ring.pending()) for check in (self.repeats, self.labels)]
         rings = [(check, buffer) for check, buffer in rings if buffer is not None]
@@ -126,7 +134,7 @@ class ProtocolRecorder:
     def findings(self) -> list[Finding]:
         """Read what is pending, run the checks and return the findings not returned before (each carries
         the step it holds since)."""
-        self.read_pending()
+        self.flush()
         self.labels.check()
         self.graphs.check()
         found = [
@@ -145,7 +153,7 @@ class ProtocolRecorder:
 
     def state_dict(self) -> dict[str, Any]:
         """Each check's host state (pending device values read first) and what was reported."""
-        self.read_pending()
+        self.flush()
         return {
             "reported": sorted(self._reported),
             "stale": self.stale.state_dict(),
