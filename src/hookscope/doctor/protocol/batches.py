@@ -1,0 +1,308 @@
+"""``repeated_batch`` and ``unshuffled_data``: what the loop feeds the model.
+
+``repeated_batch``: the same inputs for several optimizer steps in a row — ``x, y = next(iter(loader))``
+inside the loop, an unshuffled loader re-created every step. The first tensor given to the first forward
+with autograd of each optimizer step is fingerprinted on the device: two weighted sums of at most
+:data:`SAMPLE` of its values, taken at a prime stride over the whole tensor (so a stride never lines up with
+an image's rows and samples only its constant border), written into a :class:`~.ring.DeviceRing`. A check
+reads the new fingerprints in one transfer; :data:`REPEATS` equal ones in a row are a finding. Training on
+one batch on purpose (a dataset that fits in one batch, overfitting a batch as a test) looks the same:
+the loop can say so with ``batches_per_epoch=1``, which switches the check off. A model whose first input
+is constant (a fixed mask or position ids given before the data) would need another tensor to look at;
+an input that is a view with gaps (a slice of a larger tensor) is skipped rather than copied.
+
+``unshuffled_data``: batches whose label mix is far from the data's — a dataset sorted by label and never
+shuffled. From class-index targets (1-D integer tensors; floats — regression, soft labels — and other
+shapes are skipped) each batch's labels (its first :data:`LABELS`) are copied into a device ring, one op
+per step; a check reads the new ones in one transfer and counts them on the host (:data:`CLASSES`
+buckets, larger class indices folded onto them). It compares the recent batches (:data:`WINDOW`) with
+the running mix of every label seen: their mean total-variation distance from it, against the distance
+random sampling gives for their batch size (computed exactly from the binomial) and against that of
+batches of a single class. Silent on shuffled data, also with few classes per batch by chance or small batches
+(the yardstick grows with them); a sampler that changes the mix on purpose (a curriculum, batches of one
+class by design) looks the same. :func:`loader_not_shuffled` tells the Learner that its training loader
+does not shuffle before a batch is seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, SequentialSampler
+
+from hookscope.doctor.findings import Finding
+from hookscope.doctor.protocol.ring import DeviceRing
+
+SAMPLE = 1024
+REPEATS = 3
+CLASSES = 128
+LABELS = 1024  # labels of a batch kept: a larger batch's first ones are a sample of its mix
+WINDOW = 32
+MIN_BATCHES = 8
+# Share of the way from random sampling's distance to a single-class batch's that the recent batches
+# must reach: shuffled data stays near 0, label-sorted data near 1.
+SORTED_SCORE = 0.5
+RING_ROWS = 64
+PLANS = 64  # input sizes whose sampling plan is kept
+
+
+class RepeatedBatch:
+    """Fingerprints of each optimizer step's first input, and the longest run of equal ones."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.ring = DeviceRing(RING_ROWS, 2)
+        self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
+        self._taken = False  # this step's fingerprint is written
+        self._step = 0
+        self._last: tuple[float, float] | None = None
+        self._run = (0, 0)  # (first step, length) of the current run of equal fingerprints
+        self.found: tuple[int, int] | None = None  # (first step, steps) of the first run long enough
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        if training:
+            self._step = step
+
+    def forward(self, inputs: torch.Tensor | None) -> None:
+        """A forward with autograd: fingerprint its first input once per optimizer step."""
+        if not self.enabled or self._taken or inputs is None:
+            return
+        self._taken = True
+        flat = _flat_view(inputs.detach() if inputs.requires_grad else inputs)
+        if flat is None:
+            return
+        stride, weights = self._plan(flat)
+        sample = flat[::stride]
+        if sample.dtype != torch.float32:
+            sample = sample.float()
+        out = self.ring.row(sample.device)
+        if torch.is_autocast_enabled(sample.device.type):
+            with torch.autocast(sample.device.type, enabled=False):
+                torch.mv(weights, sample, out=out)
+        else:
+            torch.mv(weights, sample, out=out)
+
+    def step_done(self) -> None:
+        if self._taken:
+            self.ring.commit(self._step)
+        self._taken = False
+
+    def discard_batch(self) -> None:
+        self._taken = False
+
+    def read(self, host: np.ndarray) -> None:
+        """Follow the runs of equal fingerprints through the rows read."""
+        for step, row in self.ring.take(host):
+            value = (float(row[0]), float(row[1]))
+            start, length = self._run
+            self._run = (start, length + 1) if self._equal(value) else (step, 1)
+            self._last = value
+            first_long_run = self.found is None and self._run[1] >= REPEATS
+            if first_long_run or (self.found is not None and self.found[0] == self._run[0]):
+                self.found = self._run  # the first long run, followed to its end
+
+    def findings(self) -> list[Finding]:
+        if self.found is None:
+            return []
+        start, steps = self.found
+        message = (
+            f"optimizer steps {start} to {start + steps - 1} trained on the same inputs: the model sees "
+            f"one batch over and over — typically `next(iter(loader))` inside the training loop, which "
+            "starts a new pass and returns its first batch every time. Create the iterator once per "
+            "epoch (`for x, y in loader:`), or keep one with `it = iter(loader)` outside the loop. "
+            "(Training on a single batch on purpose looks the same.)"
+        )
+        return [Finding("repeated_batch", "", start, "error", message, {"steps": steps})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": list(self._last) if self._last else None, "run": list(self._run), "found": self.found}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last = tuple(state["last"]) if state["last"] else None  # type: ignore[assignment]
+        self._run = (int(state["run"][0]), int(state["run"][1]))
+        self.found = tuple(state["found"]) if state["found"] else None  # type: ignore[assignment]
+
+    def _equal(self, value: tuple[float, float]) -> bool:
+        if self._last is None:
+            return False
+        return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(value, self._last, strict=True))
+
+    def _plan(self, flat: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The sampling stride for this many values and the weights of that many samples, on the device."""
+        key = (flat.numel(), flat.device)
+        if key not in self._plans:
+            if len(self._plans) >= PLANS:
+                self._plans.clear()  # inputs of ever new sizes (text of every length): stay bounded
+            n, device = key
+            stride = _next_prime(-(-n // SAMPLE)) if n > SAMPLE else 1
+            generator = torch.Generator().manual_seed(0)  # the same fingerprints after a resume
+            weights = torch.rand(2, SAMPLE, generator=generator).add_(0.5)
+            self._plans[key] = (stride, weights[:, : -(-n // stride)].contiguous().to(device))
+        return self._plans[key]
+
+
+class LabelMix:
+    """Each batch's labels in a device ring; at a check, their class histograms on the host, the recent
+    ones against the running mix."""
+
+    def __init__(self) -> None:
+        self.ring = DeviceRing(RING_ROWS, LABELS, torch.int64)
+        self._step = 0
+        self.counts = np.zeros(CLASSES)
+        self._recent: deque[np.ndarray] = deque(maxlen=WINDOW)
+        self._expected: dict[int, tuple[np.ndarray, float]] = {}  # batch size -> (mix, random distance)
+        self._new = False  # batches read since the last check
+        self.found: tuple[int, float, float] | None = None  # step, mean distance, random sampling's
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        if training:
+            self._step = step
+
+    def log_target(self, target: Any) -> None:
+        """Copy a training batch's class indices (their first :data:`LABELS`) into the ring: one device op;
+        they are counted on the host at a check. Other targets are skipped."""
+        if not _class_indices(target):
+            return
+        labels = target.detach()
+        used = labels.numel()
+        if used > LABELS:
+            labels, used = labels[:LABELS], LABELS
+        self.ring.row(labels.device, used).copy_(labels)
+        self.ring.commit(self._step, used)
+
+    def read(self, host: np.ndarray) -> None:
+        for _, labels in self.ring.take(host):
+            row = np.bincount(labels.astype(np.int64) % CLASSES, minlength=CLASSES).astype(np.float64)
+            self.counts += row
+            self._recent.append(row)
+            self._new = True
+
+    def check(self) -> None:
+        """Compare the recent batches with the running mix (host numbers only)."""
+        new, self._new = self._new, False
+        if not new or self.found is not None or len(self._recent) < MIN_BATCHES:
+            return
+        if np.count_nonzero(self.counts) < 2:
+            return
+        mix = self.counts / self.counts.sum()
+        single = 1.0 - float((mix * mix).sum())  # a one-class batch's distance, on average
+        recent = np.stack(list(self._recent))
+        sizes = recent.sum(axis=1)
+        distances = 0.5 * np.abs(recent / sizes[:, None] - mix).sum(axis=1)
+        random = float(np.mean([self._random(mix, n) for n in sizes.astype(int).tolist()]))
+        if single - random < 0.1:
+            return  # batches too small to tell a sorted mix from a random one
+        distance = float(distances.mean())
+        if (distance - random) / (single - random) > SORTED_SCORE:
+            self.found = (self._step, distance, random)
+
+    def _random(self, mix: np.ndarray, n: int) -> float:
+        """:func:`_random_distance`, computed again only once the mix moved (by 0.02 in total)."""
+        cached = self._expected.get(n)
+        if cached is None or np.abs(cached[0] - mix).sum() > 0.02:
+            cached = self._expected[n] = (mix, _random_distance(mix, n))
+        return cached[1]
+
+    def findings(self) -> list[Finding]:
+        if self.found is None:
+            return []
+        step, distance, random = self.found
+        message = (
+            f"the batches up to step {step} hold far fewer classes than the data: their label mix is "
+            f"{distance:.2f} (total variation) from the mix of every label seen, where random batches of "
+            f"that size would be {random:.2f} from it — the data is sorted by label (or grouped) and not "
+            "shuffled, so the model chases one class after the other. Shuffle the training data "
+            "(`DataLoader(..., shuffle=True)`)."
+        )
+        evidence = {"distance": distance, "random_distance": random}
+        return [Finding("unshuffled_data", "", step, "warning", message, evidence)]
+
+    def state_dict(self) -> dict[str, Any]:
+        recent = np.stack(list(self._recent)) if self._recent else np.zeros((0, CLASSES))
+        return {
+            "counts": torch.from_numpy(self.counts.copy()),
+            "recent": torch.from_numpy(recent),
+            "found": list(self.found) if self.found else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = state["counts"].numpy().copy()
+        self._recent = deque(state["recent"].numpy().copy(), maxlen=WINDOW)
+        found = state["found"]
+        self.found = (int(found[0]), float(found[1]), float(found[2])) if found else None
+
+
+def loader_not_shuffled(dataloader: Any) -> list[Finding]:
+    """``unshuffled_data`` for a training loader that reads its dataset in order (a ``SequentialSampler``,
+    or a ``DistributedSampler(shuffle=False)``); nothing for an ``IterableDataset`` (it has no order to
+    shuffle here), a custom batch sampler or anything that is not a ``DataLoader``."""
+    if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
+        return []
+    sampler = getattr(dataloader.batch_sampler, "sampler", None)
+    in_order = isinstance(sampler, SequentialSampler) or (
+        isinstance(sampler, DistributedSampler) and not sampler.shuffle
+    )
+    if not in_order:
+        return []
+    message = (
+        "the training DataLoader does not shuffle (its sampler reads the dataset in order): a dataset "
+        "stored by class gives batches of one class after the other, and every epoch the same batches. "
+        "Pass `shuffle=True` to the training DataLoader (`DistributedSampler(shuffle=True)` under torchrun)."
+    )
+    evidence = {"sampler": type(sampler).__name__}
+    return [Finding("unshuffled_data", "", 0, "warning", message, evidence)]
+
+
+def _flat_view(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` as one dimension without a copy: its values in memory order (a channels-last batch is read
+    as it is stored); None when that needs a copy (a view with gaps), which a check is not worth."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    dense = x.permute(order)
+    return dense.view(-1) if dense.is_contiguous() else None
+
+
+def _class_indices(target: Any) -> bool:
+    """A 1-D integer tensor of at least two labels: class indices, one per sample."""
+    return (
+        isinstance(target, torch.Tensor)
+        and target.dim() == 1
+        and target.numel() >= 2
+        and not target.is_floating_point()
+        and not target.is_complex()
+        and target.dtype != torch.bool
+    )
+
+
+def _random_distance(mix: np.ndarray, n: int) -> float:
+    """Expected total-variation distance from ``mix`` of a batch of ``n`` labels drawn at random from it:
+    half the sum over classes of the binomial's mean absolute deviation (de Moivre), over ``n``."""
+    return 0.5 * sum(_binomial_mad(n, float(p)) for p in mix if p > 0) / n
+
+
+def _binomial_mad(n: int, p: float) -> float:
+    """E|X - np| for X ~ Binomial(n, p), by de Moivre's closed form."""
+    m = math.floor(n * p)
+    if m + 1 > n or p >= 1.0:
+        return 0.0
+    log = (
+        math.log(2 * (m + 1))
+        + math.lgamma(n + 1)
+        - math.lgamma(m + 2)
+        - math.lgamma(n - m)
+        + (m + 1) * math.log(p)
+        + (n - m) * math.log1p(-p)
+    )
+    return math.exp(log)
+
+
+def _next_prime(n: int) -> int:
+    candidate = max(2, n)
+    while any(candidate % d == 0 for d in range(2, math.isqrt(candidate) + 1)):
+        candidate += 1
+    return candidate

@@ -1,0 +1,155 @@
+"""``stale_gradients``: an optimizer step applies gradients that still hold those of the step before.
+
+A few trainable parameters of the watched optimizer (the first, the middle and the last) carry two host
+hooks: a tensor hook, which runs when a backward's gradient arrives and before it is added to ``.grad``,
+and a post-accumulate hook, which runs once it was added. Right after each optimizer step the parameter's
+``.grad`` is remembered (a weak reference and its version counter). A gradient that arrives while ``.grad``
+is still that very tensor, unchanged since the step, is added onto the previous step's gradient: the
+result carries it on. ``zero_grad()`` sets ``.grad`` to None or zeroes it in place (which bumps the
+version), and either clears it. When the next step is about to apply gradients that still carry the
+previous step's, the step is stale: named at the second optimizer step of a loop without ``zero_grad``.
+
+Told apart from what is fine by the pattern of backward passes and steps alone:
+
+- deliberate accumulation (k backward passes, a step, then ``zero_grad``): the first backward after the
+  step finds ``.grad`` cleared;
+- a backward that reaches the parameters between two steps whose gradient is cleared before the next
+  step (a GAN's generator loss flowing through the discriminator, cleared by ``netD.zero_grad()``): the
+  stale gradient never reaches a step;
+- LBFGS and other closures (zero_grad and backward inside ``step``): no backward lands on the previous
+  step's gradient between two steps.
+
+The first step after :meth:`StaleGradients.attach` (or a resume) has no previous step to compare with.
+Nothing here touches a tensor's values: version counters and identities are host numbers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope import compat
+from hookscope.doctor.findings import Finding
+from hookscope.hooks.handles import HookSet
+
+# How many parameters carry the hooks: enough that a parameter left out of one backward (an unused
+# branch) does not blind the check, few enough to cost nothing.
+WATCHED = 3
+
+
+class _Watched:
+    """One watched parameter: its name, and the gradient the last step left (None: nothing left)."""
+
+    def __init__(self, name: str, param: nn.Parameter) -> None:
+        self.name, self.param = name, param
+        self.left: tuple[weakref.ref, int] | None = None  # .grad right after the last step, its version
+        self.landing = False  # the gradient arriving now lands on what the last step left
+        self.hit = False  # a backward since the last step landed on it
+
+    def carries_last_step(self) -> bool:
+        grad = self.param.grad
+        if grad is None or self.left is None:
+            return False
+        ref, version = self.left
+        return ref() is grad and compat.tensor_version(grad) == version
+
+    def remember(self) -> None:
+        grad = self.param.grad
+        self.left = None if grad is None else (weakref.ref(grad), compat.tensor_version(grad))
+
+
+class StaleGradients:
+    """Names the first optimizer step that applied gradients of an earlier step (see the module)."""
+
+    def __init__(self) -> None:
+        self._hooks = HookSet()
+        self._named: list[tuple[str, nn.Parameter]] = []
+        self._watched: list[_Watched] = []
+        self._step = 0
+        self.first: tuple[int, str] | None = None  # (step, parameter) of the first stale step
+        self.stale_steps = 0
+
+    def attach(self, model: nn.Module) -> None:
+        self._named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self._hook(self._named)
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Watch only parameters this optimizer steps: another optimizer's would never look cleared."""
+        if optimizer is None:
+            return
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self._hook([(name, p) for name, p in self._named if id(p) in stepped])
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        if training:
+            self._step = step
+
+    def gradients_ready(self) -> None:
+        """The step is about to apply the gradients: do they still carry the previous step's?"""
+        stale = [w for w in self._watched if w.hit and w.carries_last_step()]
+        if not stale:
+            return
+        self.stale_steps += 1
+        if self.first is None:
+            self.first = (self._step, stale[0].name)
+
+    def step_done(self) -> None:
+        for watched in self._watched:
+            watched.remember()
+            watched.hit = False
+
+    def close(self) -> None:
+        self._hooks.remove()
+
+    def findings(self) -> list[Finding]:
+        if self.first is None:
+            return []
+        step, name = self.first
+        message = (
+            f"optimizer step {step} applied gradients that still held those of the step before: nothing "
+            f"cleared `.grad` between the two steps (checked on `{name}`), so each step adds every earlier "
+            "gradient to its own — `optimizer.zero_grad()` is missing, or sits outside the batch loop. "
+            "Call `optimizer.zero_grad()` once per optimizer step, after `optimizer.step()` (or before "
+            "the forward); to accumulate on purpose, step and zero every k backward passes."
+        )
+        evidence = {"parameter": name, "stale_steps": self.stale_steps}
+        return [Finding("stale_gradients", "", step, "error", message, evidence)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What was found; the gradients left by the last step are not kept (a resumed run starts anew)."""
+        return {"first": list(self.first) if self.first else None, "stale_steps": self.stale_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        first = state["first"]
+        self.first = (int(first[0]), str(first[1])) if first else None
+        self.stale_steps = int(state["stale_steps"])
+
+    def _hook(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        self._hooks.remove()
+        picks = sorted({0, len(named) // 2, len(named) - 1}) if named else []
+        self._watched = [_Watched(*named[i]) for i in picks[:WATCHED]]
+        for watched in self._watched:
+            self._hooks.tensor(watched.param, self._arriving(watched))
+            self._hooks.param(watched.param, self._arrived(watched))
+
+    @staticmethod
+    def _arriving(watched: _Watched) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            watched.landing = watched.carries_last_step()
+
+        return hook
+
+    @staticmethod
+    def _arrived(watched: _Watched) -> Any:
+        def hook(param: nn.Parameter) -> None:
+            if watched.landing:  # the sum carries the last step's gradient on: follow it
+                watched.hit = True
+                watched.remember()
+            else:
+                watched.left = None
+            watched.landing = False
+
+        return hook
