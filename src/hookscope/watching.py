@@ -305,7 +305,7 @@ class Watch:
             warnings.warn(f"hs.watch: the final check failed ({type(err).__name__}: {err})", stacklevel=3)
 
     def _write_report(self, exc: BaseException | None) -> None:
-        from hookscope.callbacks.run_folder import write_watch_folder  # the edge may use every layer
+        from hookscope.run_writer import write_watch_folder  # matplotlib loads only when a report is asked
 
         assert self.report_path is not None
         status = "complete" if exc is None else "stopped" if isinstance(exc, NonFiniteError) else "failed"

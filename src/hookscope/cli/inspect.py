@@ -18,8 +18,9 @@ from hookscope.hooks.capture import capture
 from hookscope.hooks.select import Spec
 from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD, SpecError, load_model
 from hookscope.staged_folder import StagedFolder
-from hookscope.viz.feature_maps import feature_maps, save_figure
+from hookscope.viz.feature_maps import feature_maps
 from hookscope.viz.report import write_feature_map_index
+from hookscope.viz.save import save_figure
 
 
 def run(args: argparse.Namespace) -> int:

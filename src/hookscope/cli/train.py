@@ -21,14 +21,14 @@ from torch import nn
 from hookscope.callbacks.clip import GradientClip
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.precision import MixedPrecision
-from hookscope.callbacks.run_folder import RunFolder, ranked
+from hookscope.callbacks.run_folder import RunFolder
 from hookscope.callbacks.schedule import OneCycle
 from hookscope.callbacks.trackers.mlflow import MLflowCallback
 from hookscope.callbacks.trackers.tensorboard import TensorBoardCallback
 from hookscope.callbacks.trackers.wandb import WandbCallback
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
 from hookscope.cli.options import OPTION_NAMES, TrainOptions, tracker_names
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.preflight import preflight
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
