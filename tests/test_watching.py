@@ -261,7 +261,7 @@ def test_bad_arguments_are_refused_in_one_line():
 def test_report_writes_the_run_folder_and_report(tmp_path):
     torch.manual_seed(0)
     out = tmp_path / "run"
-    w = _plain_loop(dead_mlp(), steps=6, report=out)
+    w = _plain_loop(dead_mlp(), steps=6, path=out)
     config = json.loads((out / "config.json").read_text())
     assert (config["source"], config["status"], config["steps"]) == ("hs.watch", "complete", 6)
     findings = json.loads((out / "findings.json").read_text())
@@ -270,7 +270,7 @@ def test_report_writes_the_run_folder_and_report(tmp_path):
     assert (out / "figures" / "gradient_flow.png").is_file() and (out / "figures" / "loss.png").is_file()
     assert "100% of units dead" in (out / "report.html").read_text()
     with pytest.raises(hs.staged_folder.RunFolderError, match="already holds"):
-        hs.watch(nn.Linear(2, 2), report=out)  # refused before training, as RunFolder does
+        hs.watch(nn.Linear(2, 2), path=out)  # refused before training, as RunFolder does
 
 
 def _readme_block(marker):
@@ -303,7 +303,7 @@ def test_a_guard_stop_still_writes_the_report_saying_where_it_stopped(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
     with pytest.raises(hs.NonFiniteError):
-        _plain_loop(model, guard=True, report=tmp_path / "run")
+        _plain_loop(model, guard=True, path=tmp_path / "run")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["status"], config["steps"]) == ("stopped", 0)
     assert config["error"].startswith("NonFiniteError: hs.watch stopped optimizer step 0")

@@ -27,7 +27,8 @@ def deprecated(message: str) -> None:
 
 def renamed_keywords(**renames: str) -> Callable[[F], F]:
     """Accept each old keyword (``old="new"``) as the new one, with a DeprecationWarning; passing both is a
-    TypeError. Positional calls are untouched."""
+    TypeError. Positional calls are untouched. The wrapper's ``renamed_keywords`` holds ``renames`` for
+    code that checks keywords against the signature (which shows the new names only)."""
 
     def decorate(func: F) -> F:
         where = func.__qualname__.removesuffix(".__init__")
@@ -43,6 +44,7 @@ def renamed_keywords(**renames: str) -> Callable[[F], F]:
                 kwargs[new] = kwargs.pop(old)
             return func(*args, **kwargs)
 
+        wrapper.renamed_keywords = dict(renames)  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
