@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def deprecated(message: str) -> None:
-    """Warn the caller of the function that calls this one (``stacklevel=3``)."""
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
+def deprecated(message: str, stacklevel: int = 3) -> None:
+    """Warn, by default, the caller of the function that calls this one."""
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
 
 
 def renamed_keywords(**renames: str) -> Callable[[F], F]:
@@ -50,15 +50,17 @@ def renamed_keywords(**renames: str) -> Callable[[F], F]:
     return decorate
 
 
-def moved_names(module_name: str, moves: Mapping[str, str]) -> Callable[[str], Any]:
+def moved_names(module_name: str, moves: Mapping[str, str], depth: int = 0) -> Callable[[str], Any]:
     """A module ``__getattr__`` that finds each name of ``moves`` in its new module (``name ->
-    "dotted.module"``), with a DeprecationWarning at every read."""
+    "dotted.module"``), with a DeprecationWarning at every read. ``depth``: how many functions stand
+    between it and the reader (1 when another ``__getattr__`` calls it)."""
 
     def __getattr__(name: str) -> Any:
         home = moves.get(name)
         if home is None:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
-        deprecated(f"{module_name}.{name} moved to {home}.{name}; the old path goes in the next release")
+        message = f"{module_name}.{name} moved to {home}.{name}; the old path goes in the next release"
+        deprecated(message, stacklevel=3 + depth)
         return getattr(importlib.import_module(home), name)
 
     return __getattr__

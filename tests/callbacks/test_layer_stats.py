@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hookscope as hs
 from hookscope.callbacks.layer_stats import ActivationStats, GradientStats, ParamRecord, StepStats
 from hookscope.hooks.select import leaves
+from hookscope.train.events import CancelStepException
 
 
 def loaders(n: int = 48, batch: int = 8, seed: int = 0) -> tuple[DataLoader, DataLoader]:
@@ -209,7 +210,7 @@ def test_a_cancelled_step_has_no_update_ratio():
         def before_step(self) -> None:
             if not self.skipped:
                 self.skipped = True
-                raise hs.CancelStepException()
+                raise CancelStepException()
 
     grads = GradientStats(output_grads=False)
     learn = learner(small_cnn(), grads, SkipStep())
