@@ -34,7 +34,9 @@ from torchvision.models import resnet18
 
 import hookscope as hs
 from hookscope.data.digits import digits_loaders
+from hookscope.hooks.ablate import Ablation
 from hookscope.models import digits_cnn
+from hookscope.train.events import CancelFitException
 
 HOWS = ("l1", "random", "activation", "taylor")
 AMOUNTS = (0.5, 0.8)
@@ -86,7 +88,7 @@ class StopAfter(hs.Callback):
 
     def after_batch(self) -> None:
         if self.learn.training and self.learn.train_iter >= self.n:
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
 
 def finetune(learn: hs.Learner) -> float:
@@ -176,7 +178,7 @@ def unstructured_table(title: str, dense: dict[str, Any], found: list[dict[str, 
     return "\n".join(lines)
 
 
-def ablations(model: nn.Module, out: Path) -> tuple[str, hs.Ablation]:
+def ablations(model: nn.Module, out: Path) -> tuple[str, Ablation]:
     """Layer ablations (zero and mean, accuracy) and per-unit zero ablation (cross-entropy) of the last conv
     block's BatchNorm."""
     valid = learner(model, 8).dls.valid

@@ -6,6 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.data.digits import digits_tensors
+from hookscope.train.events import CancelFitException
 
 
 def digits_flat(scale: float = 1.0, zero_row: int | None = None) -> hs.DataLoaders:
@@ -59,7 +60,7 @@ class StopAfter(hs.Callback):
 
     def after_batch(self):
         if self.learn.training and self.learn.training_step >= self.steps:
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
 
 def train_with_doctor(

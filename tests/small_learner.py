@@ -6,6 +6,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
+from hookscope.train.events import CancelFitException
 
 
 def tiny_learner(cbs=(), seed=0, in_memory=True, generator=None):
@@ -33,4 +34,4 @@ class StopAtStep(hs.Callback):
 
     def after_batch(self):
         if self.learn.training and self.learn.training_step == self.step:
-            raise hs.CancelFitException()
+            raise CancelFitException()

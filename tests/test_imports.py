@@ -491,12 +491,12 @@ def test_a_name_shadowed_by_its_submodule_stays_the_function() -> None:
     """``hs.viz.feature_maps`` is the function even after its module ``hookscope.viz.feature_maps`` loads."""
     out = run_python(
         """
-        from hookscope.viz.feature_maps import save_figure
+        import hookscope.viz.feature_maps
         import hookscope as hs
         from hookscope.viz import feature_maps
         print(hs.viz.feature_maps is feature_maps, type(feature_maps).__name__)
-        from hookscope.viz.save import save_figure as defined
-        print(hs.viz.save_figure is save_figure is defined)
+        from hookscope.viz.save import save_figure
+        print(hs.viz.save_figure is save_figure)
         """
     )
     assert out.split() == ["True", "function", "True"]

@@ -21,6 +21,7 @@ from faults import (
 from torch import nn
 
 import hookscope as hs
+from hookscope.watching import NonFiniteError
 
 pytestmark = pytest.mark.usefixtures("deterministic")
 
@@ -79,7 +80,7 @@ def test_forward_nan_raises_at_the_step_naming_the_module_and_op():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(hs.NonFiniteError, match=r"module `1` \(LogAct\) at op aten.log") as caught:
+    with pytest.raises(NonFiniteError, match=r"module `1` \(LogAct\) at op aten.log") as caught:
         _plain_loop(model, guard=True)
     err = caught.value
     assert (err.step, err.reason, err.report.phase) == (0, "activation", "forward")
@@ -96,7 +97,7 @@ def test_a_backward_only_nan_is_blamed_on_the_backward_node_at_the_doctors_step(
     (expected,) = kinds(learn)["nonfinite"]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32, bias=False), SqrtAbs(), nn.Linear(32, 10))
-    with pytest.raises(hs.NonFiniteError) as caught:
+    with pytest.raises(NonFiniteError) as caught:
         _plain_loop(model, dls=digits_flat(zero_row=70), guard=True)
     report = caught.value.report
     assert (report.module, report.phase, report.op) == ("1", "backward", "SqrtBackward0")
@@ -115,7 +116,7 @@ def test_the_nonfinite_finding_matches_the_doctors():
     opt = torch.optim.AdamW(model.parameters())
     w = hs.watch(model, opt, guard=True, quiet=True)
     x, y = next(iter(digits_flat().train))
-    with pytest.raises(hs.NonFiniteError):
+    with pytest.raises(NonFiniteError):
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     (expected,) = kinds(learn)["nonfinite"]
@@ -261,7 +262,7 @@ def test_bad_arguments_are_refused_in_one_line():
 def test_report_writes_the_run_folder_and_report(tmp_path):
     torch.manual_seed(0)
     out = tmp_path / "run"
-    w = _plain_loop(dead_mlp(), steps=6, report=out)
+    w = _plain_loop(dead_mlp(), steps=6, path=out)
     config = json.loads((out / "config.json").read_text())
     assert (config["source"], config["status"], config["steps"]) == ("hs.watch", "complete", 6)
     findings = json.loads((out / "findings.json").read_text())
@@ -270,7 +271,7 @@ def test_report_writes_the_run_folder_and_report(tmp_path):
     assert (out / "figures" / "gradient_flow.png").is_file() and (out / "figures" / "loss.png").is_file()
     assert "100% of units dead" in (out / "report.html").read_text()
     with pytest.raises(hs.staged_folder.RunFolderError, match="already holds"):
-        hs.watch(nn.Linear(2, 2), report=out)  # refused before training, as RunFolder does
+        hs.watch(nn.Linear(2, 2), path=out)  # refused before training, as RunFolder does
 
 
 def _readme_block(marker):
@@ -302,8 +303,8 @@ def test_a_compiled_model_is_watched_under_its_own_names():
 def test_a_guard_stop_still_writes_the_report_saying_where_it_stopped(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
-    with pytest.raises(hs.NonFiniteError):
-        _plain_loop(model, guard=True, report=tmp_path / "run")
+    with pytest.raises(NonFiniteError):
+        _plain_loop(model, guard=True, path=tmp_path / "run")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["status"], config["steps"]) == ("stopped", 0)
     assert config["error"].startswith("NonFiniteError: hs.watch stopped optimizer step 0")

@@ -12,65 +12,28 @@ from hookscope._lazy import lazy_exports
 if TYPE_CHECKING:
     from hookscope import metrics, testing, viz
     from hookscope.callbacks.doctor import diagnose
-    from hookscope.doctor.findings import Finding
     from hookscope.doctor.preflight import preflight
-    from hookscope.hooks.ablate import Ablation, ablate
-    from hookscope.hooks.capture import Capture, CaptureLimitError, Record, capture
-    from hookscope.hooks.handles import HookSet
-    from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
-    from hookscope.hooks.patch import Patch, patch
-    from hookscope.hooks.select import SelectionError, select
-    from hookscope.hooks.stats import RunningStats, TensorStats, read_stats
-    from hookscope.hooks.summary import Summary, SummaryRow, summary
-    from hookscope.pruning.compact import CompactReport, compact
-    from hookscope.pruning.masks import Sparsity, finalize_pruning, prune, sparsity
-    from hookscope.train.callback import Callback, CallbackOrderError
-    from hookscope.train.checkpoint import CheckpointError, export_safetensors, load_checkpoint
+    from hookscope.hooks.ablate import ablate
+    from hookscope.hooks.capture import capture
+    from hookscope.hooks.nonfinite import find_nonfinite
+    from hookscope.hooks.patch import patch
+    from hookscope.hooks.select import select
+    from hookscope.hooks.stats import read_stats
+    from hookscope.hooks.summary import summary
+    from hookscope.pruning.compact import compact
+    from hookscope.pruning.masks import finalize_pruning, prune, sparsity
+    from hookscope.train.callback import Callback
+    from hookscope.train.checkpoint import export_safetensors, load_checkpoint
     from hookscope.train.data import DataLoaders
-    from hookscope.train.events import (
-        CancelBackwardException,
-        CancelBatchException,
-        CancelEpochException,
-        CancelFitException,
-        CancelStepException,
-        CancelTrainException,
-        CancelValidException,
-    )
     from hookscope.train.learner import Learner
-    from hookscope.watching import NonFiniteError, Watch, watch
+    from hookscope.watching import watch
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Ablation",
     "Callback",
-    "CallbackOrderError",
-    "CancelBackwardException",
-    "CancelBatchException",
-    "CancelEpochException",
-    "CancelFitException",
-    "CancelStepException",
-    "CancelTrainException",
-    "CancelValidException",
-    "Capture",
-    "CaptureLimitError",
-    "CheckpointError",
-    "CompactReport",
     "DataLoaders",
-    "Finding",
-    "HookSet",
     "Learner",
-    "NonFiniteError",
-    "NonFiniteReport",
-    "Patch",
-    "Record",
-    "RunningStats",
-    "SelectionError",
-    "Sparsity",
-    "Summary",
-    "SummaryRow",
-    "TensorStats",
-    "Watch",
     "__version__",
     "ablate",
     "callbacks",
@@ -94,55 +57,58 @@ __all__ = [
     "watch",
 ]
 
-_EVENTS = "hookscope.train.events"
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "Finding": "hookscope.doctor.findings",
         "preflight": "hookscope.doctor.preflight",
         "diagnose": "hookscope.callbacks.doctor",
-        "Ablation": "hookscope.hooks.ablate",
         "ablate": "hookscope.hooks.ablate",
-        "Capture": "hookscope.hooks.capture",
-        "CaptureLimitError": "hookscope.hooks.capture",
-        "Record": "hookscope.hooks.capture",
         "capture": "hookscope.hooks.capture",
-        "HookSet": "hookscope.hooks.handles",
-        "NonFiniteReport": "hookscope.hooks.nonfinite",
         "find_nonfinite": "hookscope.hooks.nonfinite",
-        "Patch": "hookscope.hooks.patch",
         "patch": "hookscope.hooks.patch",
-        "SelectionError": "hookscope.hooks.select",
         "select": "hookscope.hooks.select",
-        "RunningStats": "hookscope.hooks.stats",
-        "TensorStats": "hookscope.hooks.stats",
         "read_stats": "hookscope.hooks.stats",
-        "Summary": "hookscope.hooks.summary",
-        "SummaryRow": "hookscope.hooks.summary",
         "summary": "hookscope.hooks.summary",
-        "CompactReport": "hookscope.pruning.compact",
         "compact": "hookscope.pruning.compact",
-        "Sparsity": "hookscope.pruning.masks",
         "finalize_pruning": "hookscope.pruning.masks",
         "prune": "hookscope.pruning.masks",
         "sparsity": "hookscope.pruning.masks",
         "Callback": "hookscope.train.callback",
-        "CallbackOrderError": "hookscope.train.callback",
-        "CheckpointError": "hookscope.train.checkpoint",
         "export_safetensors": "hookscope.train.checkpoint",
         "load_checkpoint": "hookscope.train.checkpoint",
         "DataLoaders": "hookscope.train.data",
-        "CancelBackwardException": _EVENTS,
-        "CancelBatchException": _EVENTS,
-        "CancelEpochException": _EVENTS,
-        "CancelFitException": _EVENTS,
-        "CancelStepException": _EVENTS,
-        "CancelTrainException": _EVENTS,
-        "CancelValidException": _EVENTS,
         "Learner": "hookscope.train.learner",
-        "NonFiniteError": "hookscope.watching",
-        "Watch": "hookscope.watching",
         "watch": "hookscope.watching",
     },
     submodules=("callbacks", "metrics", "testing", "viz"),
+    # Plain data types and exceptions live in their modules only (hookscope.train.events.CancelFitException,
+    # hookscope.doctor.findings.Finding...); the top level finds them for a release, with a warning.
+    deprecated={
+        "Ablation": "hookscope.hooks.ablate",
+        "CallbackOrderError": "hookscope.train.callback",
+        "CancelBackwardException": "hookscope.train.events",
+        "CancelBatchException": "hookscope.train.events",
+        "CancelEpochException": "hookscope.train.events",
+        "CancelFitException": "hookscope.train.events",
+        "CancelStepException": "hookscope.train.events",
+        "CancelTrainException": "hookscope.train.events",
+        "CancelValidException": "hookscope.train.events",
+        "Capture": "hookscope.hooks.capture",
+        "CaptureLimitError": "hookscope.hooks.capture",
+        "CheckpointError": "hookscope.train.checkpoint",
+        "CompactReport": "hookscope.pruning.compact",
+        "Finding": "hookscope.doctor.findings",
+        "HookSet": "hookscope.hooks.handles",
+        "NonFiniteError": "hookscope.watching",
+        "NonFiniteReport": "hookscope.hooks.nonfinite",
+        "Patch": "hookscope.hooks.patch",
+        "Record": "hookscope.hooks.capture",
+        "RunningStats": "hookscope.hooks.stats",
+        "SelectionError": "hookscope.hooks.select",
+        "Sparsity": "hookscope.pruning.masks",
+        "Summary": "hookscope.hooks.summary",
+        "SummaryRow": "hookscope.hooks.summary",
+        "TensorStats": "hookscope.hooks.stats",
+        "Watch": "hookscope.watching",
+    },
 )

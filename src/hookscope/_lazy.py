@@ -7,7 +7,9 @@ A package lists each public name once, with the module that defines it::
 ``import hookscope`` then costs no more than its own ``__init__``: the defining module is imported the
 first time the name is read (``hs.Learner``, ``from hookscope import Learner``), and the value is kept in
 the package's namespace, so later reads are plain attribute lookups. ``submodules`` names the package's
-own submodules that are public names themselves (``hs.viz``, ``hs.metrics``).
+own submodules that are public names themselves (``hs.viz``, ``hs.metrics``). ``deprecated`` maps names
+that left the package's namespace to the module that defines them: they are still found, with a
+``DeprecationWarning`` at every read, and :func:`dir` no longer lists them.
 
 One case cannot wait: a name defined in the package's submodule *of the same name* (the function
 ``feature_maps`` of ``hookscope.viz.feature_maps``). Whenever anything imports that submodule, the import
@@ -22,24 +24,30 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from hookscope._deprecation import moved_names
+
 
 def lazy_exports(
-    module_name: str, exports: Mapping[str, str], submodules: Iterable[str] = ()
+    module_name: str,
+    exports: Mapping[str, str],
+    submodules: Iterable[str] = (),
+    deprecated: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for the package ``module_name`` re-exporting ``exports`` lazily.
 
     ``exports`` maps each public name to the dotted path of the module that defines it; each name of
-    ``submodules`` is the submodule ``module_name.<name>`` itself.
+    ``submodules`` is the submodule ``module_name.<name>`` itself; ``deprecated`` names, found in their
+    module with a warning, are never cached (each read warns).
     """
     sources = dict(exports)
     sources.update({name: f"{module_name}.{name}" for name in submodules})
     submodules = frozenset(submodules)
+    moved = moved_names(module_name, deprecated or {}, depth=1)
 
     def __getattr__(name: str) -> Any:
-        try:
-            source = sources[name]
-        except KeyError:
-            raise AttributeError(f"module {module_name!r} has no attribute {name!r}") from None
+        source = sources.get(name)
+        if source is None:
+            return moved(name)  # a deprecated name, else AttributeError
         module = importlib.import_module(source)
         value = module if name in submodules else getattr(module, name)
         vars(sys.modules[module_name])[name] = value  # later reads skip __getattr__

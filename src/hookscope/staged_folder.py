@@ -86,18 +86,18 @@ class StagedFolder:
         self.path = path
 
     @staticmethod
-    def paths(out: str | Path) -> tuple[Path, Path]:
-        """``(final, partial)`` for ``out``, which may name either of them."""
-        given = _absolute(out)
+    def paths(path: str | Path) -> tuple[Path, Path]:
+        """``(final, partial)`` for ``path``, which may name either of them."""
+        given = _absolute(path)
         if given.name.startswith(".") and given.name.endswith(PARTIAL_SUFFIX):
             return given.with_name(given.name[1 : -len(PARTIAL_SUFFIX)]), given
         return given, _partial_path(given)
 
     @classmethod
-    def check_owner(cls, out: str | Path, kind: str) -> None:
-        """Refuse ``out`` when writing there could touch what hookscope did not write: the current folder
+    def check_owner(cls, path: str | Path, kind: str) -> None:
+        """Refuse ``path`` when writing there could touch what hookscope did not write: the current folder
         or one above it, a folder without hookscope's marker, or a hookscope folder of another kind."""
-        final, _ = cls.paths(out)
+        final, _ = cls.paths(path)
         here = _absolute(Path.cwd())
         if final == here or final in here.parents:
             raise RunFolderError(
@@ -118,11 +118,11 @@ class StagedFolder:
             )
 
     @classmethod
-    def check_start(cls, out: str | Path, kind: str, overwrite: bool = False) -> None:
-        """Refuse to start a fresh ``kind`` run at ``out`` that would replace a run (unless ``overwrite``)
+    def check_start(cls, path: str | Path, kind: str, overwrite: bool = False) -> None:
+        """Refuse to start a fresh ``kind`` run at ``path`` that would replace a run (unless ``overwrite``)
         or delete an unfinished one (it can be resumed instead)."""
-        cls.check_owner(out, kind)
-        final, partial = cls.paths(out)
+        cls.check_owner(path, kind)
+        final, partial = cls.paths(path)
         if overwrite:
             return
         if kind == "train" and (partial / CONFIG).is_file():
@@ -138,11 +138,11 @@ class StagedFolder:
             )
 
     @classmethod
-    def start(cls, out: str | Path, kind: str = "train", overwrite: bool = False) -> StagedFolder:
-        """Begin a fresh ``kind`` run that will end up at ``out`` (see :meth:`check_start`); with
+    def start(cls, path: str | Path, kind: str = "train", overwrite: bool = False) -> StagedFolder:
+        """Begin a fresh ``kind`` run that will end up at ``path`` (see :meth:`check_start`); with
         ``overwrite`` an older run there is replaced at :meth:`finish` and an unfinished one discarded."""
-        cls.check_start(out, kind, overwrite)
-        final, partial = cls.paths(out)
+        cls.check_start(path, kind, overwrite)
+        final, partial = cls.paths(path)
         try:
             if partial.exists():
                 shutil.rmtree(partial)
@@ -155,9 +155,9 @@ class StagedFolder:
         return cls(final, partial)
 
     @staticmethod
-    def check_run(run_dir: str | Path) -> Path:
-        """``run_dir`` as an absolute path, when it holds a run to continue; else a one-line refusal."""
-        given = _absolute(run_dir)
+    def check_run(path: str | Path) -> Path:
+        """``path`` as an absolute path, when it holds a run to continue; else a one-line refusal."""
+        given = _absolute(path)
         if not (given / CONFIG).is_file():
             raise RunFolderError(
                 f"--resume {given} is not a hookscope run folder (no {CONFIG}); "
@@ -166,14 +166,14 @@ class StagedFolder:
         return given
 
     @classmethod
-    def resume(cls, run_dir: str | Path) -> StagedFolder:
-        """Continue the run in ``run_dir``: an interrupted ``.<name>.partial`` folder or a finished one.
+    def resume(cls, path: str | Path) -> StagedFolder:
+        """Continue the run in ``path``: an interrupted ``.<name>.partial`` folder or a finished one.
 
         A finished run is copied to its partial folder first, with hard links where the file system
         allows (files are replaced, never written in place), so it stays intact until the resumed run
         finishes and the copy costs no disk.
         """
-        given = cls.check_run(run_dir)
+        given = cls.check_run(path)
         final, partial = cls.paths(given)
         if given == partial:
             return cls(final, partial)

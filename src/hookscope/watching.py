@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from hookscope import compat
+from hookscope._deprecation import renamed_keywords
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
@@ -70,7 +71,7 @@ class NonFiniteError(RuntimeError):
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Watch:
     """Watch ``model`` while a hand-written loop trains it: ``hs.watch(model, opt, doctor=True, stats=True,
-    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, report=None)``; the
+    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, path=None)``; the
     options are keyword-only, see :class:`Watch`."""
     return Watch(model, optimizer, **options)
 
@@ -83,11 +84,12 @@ class Watch:
     the doctor reads; ``guard``: check every step for NaN/Inf and raise :class:`NonFiniteError` before a
     bad update lands. ``select``, ``every``, ``check_every``, ``thresholds`` and ``quiet`` mean what they
     mean for ``hs.callbacks.Doctor``: by default (``every=None``) the per-layer statistics follow the same
-    adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step. ``report``: a
+    adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step. ``path``: a
     folder that receives, at close, the run folder and ``report.html`` a Learner's ``RunFolder`` writes
     (an existing run there is refused, as by RunFolder).
     """
 
+    @renamed_keywords(report="path")
     def __init__(
         self,
         model: nn.Module,
@@ -101,7 +103,7 @@ class Watch:
         check_every: int = 10,
         thresholds: Thresholds | None = None,
         quiet: bool = False,
-        report: str | Path | None = None,
+        path: str | Path | None = None,
     ) -> None:
         _refuse_bad_arguments(model, optimizer, doctor, stats)
         # A torch.compile'd model: hook the user's module, so names read as in their code (no _orig_mod.)
@@ -115,7 +117,7 @@ class Watch:
         self.options: dict[str, Any] = dict(model=type(model).__name__, doctor=doctor, stats=stats)
         self.options |= dict(guard=guard, every=every, check_every=check_every, select=repr(select))
         self.step = 0
-        self.report_path = _check_report_folder(report) if report is not None else None
+        self.report_path = _check_report_folder(path) if path is not None else None
         self._engine = None
         if stats:
             settings = dict(select=select, every=every, check_every=check_every, thresholds=thresholds)
@@ -305,7 +307,7 @@ class Watch:
             warnings.warn(f"hs.watch: the final check failed ({type(err).__name__}: {err})", stacklevel=3)
 
     def _write_report(self, exc: BaseException | None) -> None:
-        from hookscope.callbacks.run_folder import write_watch_folder  # the edge may use every layer
+        from hookscope.run_writer import write_watch_folder  # matplotlib loads only when a report is asked
 
         assert self.report_path is not None
         status = "complete" if exc is None else "stopped" if isinstance(exc, NonFiniteError) else "failed"

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 import hookscope as hs
 from hookscope.callbacks import Checkpoint
 from hookscope.train.checkpoint import load_checkpoint
+from hookscope.train.events import CancelFitException
 
 SCRIPT = Path(__file__).with_name("checkpoint_run.py")
 BATCHES = 5  # per epoch in tiny_learner
@@ -48,7 +49,7 @@ class At(hs.Callback):
 
 
 def cancel_fit(learn):
-    raise hs.CancelFitException()
+    raise CancelFitException()
 
 
 def raise_sigint(learn):

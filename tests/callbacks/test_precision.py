@@ -5,6 +5,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks import MixedPrecision
+from hookscope.train.events import CancelBatchException, CancelFitException
 
 
 def _learner(cbs, lr=1e-2, epochs_data=128):
@@ -90,7 +91,7 @@ class _StopAfterFirstBatch(hs.Callback):
     order = 200
 
     def after_batch(self):
-        raise hs.CancelFitException()
+        raise CancelFitException()
 
 
 def test_autocast_is_left_when_a_batch_is_cancelled_after_the_forward():
@@ -99,7 +100,7 @@ def test_autocast_is_left_when_a_batch_is_cancelled_after_the_forward():
 
         def after_pred(self):
             if self.learn.iter % 2 == 0:
-                raise hs.CancelBatchException()
+                raise CancelBatchException()
 
     probe = AutocastProbe()
     learn = _learner([MixedPrecision(), CancelAfterPred(), probe])
@@ -125,7 +126,7 @@ def test_a_fit_stopped_after_the_unscale_leaves_the_scaler_ready_for_the_next_fi
         order = 50  # after MixedPrecision has unscaled the gradients
 
         def before_step(self):
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
     precision = MixedPrecision(torch.float16)
     learn = _learner([precision])

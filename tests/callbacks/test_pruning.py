@@ -10,6 +10,8 @@ from torch import nn
 import hookscope as hs
 from hookscope.callbacks import Checkpoint, Pruning
 from hookscope.callbacks.pruning import cubic_sparsity
+from hookscope.train.checkpoint import CheckpointError
+from hookscope.train.events import CancelFitException
 
 pytestmark = pytest.mark.usefixtures("deterministic")  # bitwise-equal resume needs it (conftest.py)
 BATCHES = 5  # per epoch in tiny_learner
@@ -23,7 +25,7 @@ class StopAt(hs.Callback):
 
     def after_batch(self) -> None:
         if self.learn.training and self.learn.training_step == self.step:
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
 
 def test_cubic_schedule_matches_zhu_and_gupta() -> None:
@@ -123,7 +125,7 @@ def test_pruned_checkpoint_loads_into_a_fresh_model_and_an_unpruned_one_is_refus
     assert hs.sparsity(fresh.model, nn.Linear).total == pytest.approx(0.5, abs=0.01)
 
     plain = tiny_learner().save(tmp_path / "plain.pt")
-    with pytest.raises(hs.CheckpointError, match="this model is pruned and the file is not"):
+    with pytest.raises(CheckpointError, match="this model is pruned and the file is not"):
         learn.load(plain)
 
 

@@ -9,6 +9,7 @@ import hookscope as hs
 from hookscope.callbacks import Checkpoint
 from hookscope.doctor import history_codec
 from hookscope.train.checkpoint import load_checkpoint
+from hookscope.train.events import CancelFitException
 
 EVERY_N_STEPS = 2
 
@@ -193,4 +194,4 @@ class StopAt(hs.Callback):
     def after_batch(self) -> None:
         self.batches -= 1
         if self.batches == 0:
-            raise hs.CancelFitException()
+            raise CancelFitException()

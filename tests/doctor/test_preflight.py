@@ -15,6 +15,7 @@ from torchvision.models import mobilenet_v3_small, resnet18
 
 import hookscope as hs
 from hookscope.data.digits import digits_loaders, digits_tensors
+from hookscope.doctor.findings import Finding
 from hookscope.models import digits_cnn
 from hookscope.models import mlp as mlp_of_sizes
 
@@ -37,10 +38,10 @@ def _digits(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:n].flatten(1), y[:n]
 
 
-def _found(model, data, loss_func=None, **kw) -> dict[str, list[hs.Finding]]:
+def _found(model, data, loss_func=None, **kw) -> dict[str, list[Finding]]:
     torch.manual_seed(0)
     findings = hs.preflight(model, data, loss_func or nn.CrossEntropyLoss(), **kw)
-    by_kind: dict[str, list[hs.Finding]] = {}
+    by_kind: dict[str, list[Finding]] = {}
     for f in findings:
         by_kind.setdefault(f.kind, []).append(f)
     return by_kind

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import hookscope as hs
 from hookscope.cli import main
 from hookscope.data.digits import digits_tensors
+from hookscope.doctor.findings import Finding
 from hookscope.doctor.preflight import train_valid_overlap
 
 
@@ -26,7 +27,7 @@ def digits():
     return x_train.flatten(1), y_train, x_valid.flatten(1), y_valid
 
 
-def _one(findings: list[hs.Finding]) -> hs.Finding:
+def _one(findings: list[Finding]) -> Finding:
     (finding,) = [f for f in findings if f.kind == "train_valid_overlap"]
     return finding
 

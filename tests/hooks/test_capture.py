@@ -5,6 +5,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import hookscope as hs
+from hookscope.hooks.capture import CaptureLimitError
+from hookscope.hooks.handles import HookSet
+from hookscope.hooks.select import SelectionError
 
 
 def test_resnet34_conv_outputs_match_the_seed(resnet34_eval, china_224):
@@ -305,7 +308,7 @@ def test_unknown_name_lists_closest():
 
 def test_spec_matching_nothing_is_one_clear_error():
     model = nn.Sequential(nn.Linear(2, 2))
-    with pytest.raises(hs.SelectionError) as info:
+    with pytest.raises(SelectionError) as info:
         hs.capture(model, nn.Conv2d)
     assert "Conv2d" in str(info.value) and "Linear" in str(info.value) and "\n" not in str(info.value)
     assert _hook_count(model) == 0
@@ -322,7 +325,7 @@ def test_unknown_what_is_one_clear_error():
 def test_max_bytes_overflow_names_bound_layer_and_fix_and_removes_hooks():
     model = nn.Sequential(nn.Linear(10, 10), nn.ReLU())
     x = torch.zeros(4, 10)  # each output: 4 * 10 * 4 = 160 bytes
-    with pytest.raises(hs.CaptureLimitError) as info, hs.capture(model, max_bytes=200) as cap:
+    with pytest.raises(CaptureLimitError) as info, hs.capture(model, max_bytes=200) as cap:
         model(x)
     message = str(info.value)
     assert "max_bytes=200" in message and "'1'" in message and "reduce=" in message and "\n" not in message
@@ -463,7 +466,7 @@ def test_no_hook_survives_a_capture(blueprint, spec_choice, what, failure, data)
     # a wrong feature size makes the first Linear raise halfway through the forward
     x = torch.randn(3, 5 if failure == "in_forward" else 4, requires_grad=True)
     raw: list[torch.Tensor] = [x]
-    with hs.HookSet() as spy:
+    with HookSet() as spy:
         for _, module in model.named_modules():
             spy.forward(module, lambda m, args, out: raw.extend(t for t in _tensors(out)))
         try:
@@ -478,8 +481,8 @@ def test_no_hook_survives_a_capture(blueprint, spec_choice, what, failure, data)
                 out.sum().backward()
                 if failure == "after_backward":
                     raise Boom("in the with-block")
-        except (Boom, hs.CaptureLimitError, hs.SelectionError) as err:
-            assert failure != "none" or isinstance(err, hs.SelectionError)
+        except (Boom, CaptureLimitError, SelectionError) as err:
+            assert failure != "none" or isinstance(err, SelectionError)
         except RuntimeError as err:
             assert failure == "in_forward", err
             pass

@@ -5,8 +5,7 @@ import torch
 import torchvision
 from torch import nn
 
-import hookscope as hs
-from hookscope.hooks.handles import SwitchedHooks
+from hookscope.hooks.handles import HookSet, SwitchedHooks
 
 
 def _count(module: nn.Module) -> int:
@@ -16,7 +15,7 @@ def _count(module: nn.Module) -> int:
 def test_registers_and_removes_every_kind_of_hook():
     layer = nn.Linear(2, 2)
     seen = []
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.forward_pre(layer, lambda m, args: seen.append("pre"))
         hooks.forward(layer, lambda m, args, out: seen.append("fwd"))
         out = layer(torch.ones(1, 2, requires_grad=True))
@@ -32,7 +31,7 @@ def test_registers_and_removes_every_kind_of_hook():
 
 def test_removal_on_exception_and_idempotent():
     layer = nn.Linear(2, 2)
-    hooks = hs.HookSet()
+    hooks = HookSet()
     with pytest.raises(RuntimeError), hooks:
         hooks.forward(layer, lambda m, args, out: None)
         raise RuntimeError("boom")
@@ -43,7 +42,7 @@ def test_removal_on_exception_and_idempotent():
 
 def test_len_counts_only_live_handles():
     layer = nn.Linear(2, 2)
-    hooks = hs.HookSet()
+    hooks = HookSet()
     handle = hooks.forward(layer, lambda m, args, out: None)
     hooks.forward_pre(layer, lambda m, args: None)
     handle.remove()
@@ -57,7 +56,7 @@ def test_forward_hook_with_always_call_sees_a_failing_forward():
             raise ValueError("bad input")
 
     module, seen = Fails(), []
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.forward(module, lambda m, args, out: seen.append(out), always_call=True)
         with pytest.raises(ValueError):
             module(torch.ones(1))
@@ -66,7 +65,7 @@ def test_forward_hook_with_always_call_sees_a_failing_forward():
 
 def test_add_takes_ownership_of_foreign_handles():
     layer = nn.Linear(2, 2)
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.add(layer.register_forward_hook(lambda m, args, out: None))
         assert len(hooks) == 1
     assert _count(layer) == 0
@@ -74,7 +73,7 @@ def test_add_takes_ownership_of_foreign_handles():
 
 def test_handles_of_dead_tensors_are_forgotten():
     layer = nn.Linear(2, 2)
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.forward(layer, lambda m, args, out: None)
         for _ in range(300):
             out = layer(torch.ones(1, 2))
@@ -113,7 +112,7 @@ def _no_hooks_left(model: nn.Module) -> bool:
 
 def test_backward_hook_next_to_inplace_relu_matches_torch_and_autograd():
     model, x = _resnet18_train(), torch.randn(2, 3, 64, 64, requires_grad=True)
-    with pytest.raises(RuntimeError, match="modified inplace"), hs.HookSet() as hooks:
+    with pytest.raises(RuntimeError, match="modified inplace"), HookSet() as hooks:
         hooks.add(model.bn1.register_full_backward_hook(lambda m, gi, go: None))
         model(x).sum().backward()  # torch's own hook fails here: the reason for HookSet.backward
     # The reference: the same weights with an out-of-place ReLU, where torch's own hook works.
@@ -132,7 +131,7 @@ def test_backward_hook_next_to_inplace_relu_matches_torch_and_autograd():
         h.remove()
 
     hook = GradHook()
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.backward(model.bn1, hook)
         model(x).square().mean().backward()
     assert _no_hooks_left(model)
@@ -146,7 +145,7 @@ def test_backward_hook_next_to_inplace_relu_matches_torch_and_autograd():
 def test_backward_hook_without_input_grad_sees_none_like_torch():
     model, x = _resnet18_train(), torch.randn(2, 3, 64, 64)  # the image needs no grad
     hook = GradHook()
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.backward(model.conv1, hook)
         model(x).sum().backward()
     assert hook.grad_inputs == [(None,)]
@@ -155,7 +154,7 @@ def test_backward_hook_without_input_grad_sees_none_like_torch():
 
 def test_backward_hook_can_replace_the_input_gradient():
     model, x = _resnet18_train(), torch.randn(2, 3, 64, 64)
-    with hs.HookSet() as hooks:
+    with HookSet() as hooks:
         hooks.backward(model.bn1, GradHook(replace_with_zeros=True))
         model(x).sum().backward()
     assert model.conv1.weight.grad is not None
@@ -170,7 +169,7 @@ def test_backward_hook_refuses_a_replacement_for_several_inputs():
 
     a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
     module = Add()
-    with hs.HookSet() as hooks, pytest.raises(TypeError, match="exactly one input tensor"):
+    with HookSet() as hooks, pytest.raises(TypeError, match="exactly one input tensor"):
         hooks.backward(module, lambda m, gi, go: gi)
         module(a, b).sum().backward()
     assert _no_hooks_left(module)
@@ -182,7 +181,7 @@ def test_no_hook_is_left_when_the_backward_raises():
     def fails(module, grad_input, grad_output):
         raise ValueError("hook failed")
 
-    hooks = hs.HookSet()
+    hooks = HookSet()
     with pytest.raises(ValueError, match="hook failed"), hooks:
         hooks.backward(model.bn1, fails)
         model(x).sum().backward()

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import hookscope as hs
+from hookscope.hooks.select import SelectionError
 
 
 class Twice(nn.Module):
@@ -101,6 +102,6 @@ def test_bad_patches_are_explained() -> None:
         model[0](torch.randn(1, 4))
     with pytest.raises(TypeError, match="non-empty dict"):
         hs.patch(model, {})
-    with pytest.raises(hs.SelectionError):
+    with pytest.raises(SelectionError):
         hs.patch(model, {"nope": torch.zeros(1)})
     assert hook_count(model) == 0

@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 import hookscope as hs
+from hookscope.hooks.select import SelectionError
 
 
 def _net() -> nn.Module:
@@ -54,18 +55,18 @@ def test_resnet_glob(resnet34_eval):
 
 
 def test_no_match_lists_closest_names():
-    with pytest.raises(hs.SelectionError, match=r"closest names: .*0\.1") as info:
+    with pytest.raises(SelectionError, match=r"closest names: .*0\.1") as info:
         hs.select(_net(), "0.11")
     assert "\n" not in str(info.value)
 
 
 def test_no_match_by_type_lists_types_present():
-    with pytest.raises(hs.SelectionError, match=r"Conv1d.*types present: .*Conv2d"):
+    with pytest.raises(SelectionError, match=r"Conv1d.*types present: .*Conv2d"):
         hs.select(_net(), nn.Conv1d)
 
 
 def test_missing_names_in_a_list_are_named():
-    with pytest.raises(hs.SelectionError, match="closest names: 3"):
+    with pytest.raises(SelectionError, match="closest names: 3"):
         hs.select(_net(), ["33"])
 
 

@@ -10,7 +10,6 @@ from hookscope.hooks.stats import (
     RunningStats,
     TensorStats,
     UpdateRatio,
-    grad_norms,
     read_stats,
     to_host,
 )
@@ -324,21 +323,6 @@ def test_to_host_returns_arrays_shaped_like_the_inputs():
     host_a, host_b = to_host([a, b])
     np.testing.assert_array_equal(host_a, a.numpy())
     assert host_b.shape == () and host_b == 7
-
-
-def test_grad_norms_match_torch_norm_per_parameter():
-    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
-    model(torch.randn(5, 4)).pow(2).sum().backward()
-    params = list(model.parameters())
-    got = grad_norms(params)
-    want = torch.stack([p.grad.norm() for p in params])
-    torch.testing.assert_close(got, want)
-
-
-def test_grad_norms_refuse_parameters_without_gradient():
-    layer = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"no \.grad"):
-        grad_norms(list(layer.parameters()))
 
 
 def test_update_ratio_is_update_norm_over_weight_norm():

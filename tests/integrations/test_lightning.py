@@ -67,7 +67,7 @@ def test_a_second_fit_watches_again_with_one_set_of_hooks() -> None:
 
 
 def test_report_writes_the_run_folder_of_the_fit(tmp_path) -> None:
-    callback = HookscopeCallback(quiet=True, check_every=3, report=tmp_path / "run")
+    callback = HookscopeCallback(quiet=True, check_every=3, path=tmp_path / "run")
     lightning_trainer(3, callback).fit(LitClassifier(dead_net()), digits_flat().train)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["status"], config["steps"]) == ("complete", 3)

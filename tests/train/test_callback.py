@@ -1,7 +1,7 @@
 import pytest
 
 import hookscope as hs
-from hookscope.train.callback import dispatch_table, sort_callbacks
+from hookscope.train.callback import CallbackOrderError, dispatch_table, sort_callbacks
 
 
 class A(hs.Callback):
@@ -51,7 +51,7 @@ def test_a_cycle_names_the_callbacks_involved():
     class Y(hs.Callback):
         run_before = ("X",)
 
-    with pytest.raises(hs.CallbackOrderError, match=r"cycle among: X, Y"):
+    with pytest.raises(CallbackOrderError, match=r"cycle among: X, Y"):
         sort_callbacks([A(), X(), Y()])
 
 

@@ -21,6 +21,7 @@ from hookscope.train.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
+from hookscope.train.events import CancelFitException
 
 pytestmark = pytest.mark.usefixtures("deterministic")  # bitwise-equal resume needs it (conftest.py)
 
@@ -284,7 +285,7 @@ class SaveThenStop(hs.Callback):
     def after_epoch(self):
         if self.learn.epoch == self.epoch:
             self.learn.save(self.path)
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
 
 @pytest.mark.parametrize("in_memory", [True, False])

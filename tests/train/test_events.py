@@ -1,16 +1,25 @@
 import pytest
 
-import hookscope as hs
-from hookscope.train.events import BATCH_EVENTS, EVENTS
+from hookscope.train.events import (
+    BATCH_EVENTS,
+    EVENTS,
+    CancelBackwardException,
+    CancelBatchException,
+    CancelEpochException,
+    CancelFitException,
+    CancelStepException,
+    CancelTrainException,
+    CancelValidException,
+)
 
 STAGES = {
-    "fit": hs.CancelFitException,
-    "epoch": hs.CancelEpochException,
-    "train": hs.CancelTrainException,
-    "validate": hs.CancelValidException,
-    "batch": hs.CancelBatchException,
-    "backward": hs.CancelBackwardException,
-    "step": hs.CancelStepException,
+    "fit": CancelFitException,
+    "epoch": CancelEpochException,
+    "train": CancelTrainException,
+    "validate": CancelValidException,
+    "batch": CancelBatchException,
+    "backward": CancelBackwardException,
+    "step": CancelStepException,
 }
 
 

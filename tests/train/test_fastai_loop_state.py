@@ -5,6 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
+from hookscope.train.events import CancelFitException
 
 
 def _learner(cbs=(), n_train=8, batch_size=4, **kwargs):
@@ -57,7 +58,7 @@ def test_fastai_lr_finder_stop_test_stops_after_num_it_batches():
 
         def after_batch(self):
             if self.learn.train_iter >= self.num_it:
-                raise hs.CancelFitException()
+                raise CancelFitException()
 
     learn = _learner(cbs=[StopAfter()], n_train=40)
     learn.fit(1)

@@ -8,7 +8,18 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.train.events import EVENTS
+from hookscope.hooks.handles import HookSet
+from hookscope.train.callback import CallbackOrderError
+from hookscope.train.events import (
+    EVENTS,
+    CancelBackwardException,
+    CancelBatchException,
+    CancelEpochException,
+    CancelFitException,
+    CancelStepException,
+    CancelTrainException,
+    CancelValidException,
+)
 
 
 def _record(event):
@@ -121,7 +132,7 @@ SECOND_BATCH = [*TRAIN_BATCH, "after_train", *VALIDATION]
     [
         (
             "before_batch",
-            hs.CancelBatchException,
+            CancelBatchException,
             [
                 *START,
                 "before_batch",
@@ -134,23 +145,23 @@ SECOND_BATCH = [*TRAIN_BATCH, "after_train", *VALIDATION]
         ),
         (
             "before_backward",
-            hs.CancelBackwardException,
+            CancelBackwardException,
             [*START, *TRAIN_BATCH[:4], "after_cancel_backward", *TRAIN_BATCH[4:], *SECOND_BATCH],
         ),
         (
             "before_step",
-            hs.CancelStepException,
+            CancelStepException,
             [*START, *TRAIN_BATCH[:6], "after_cancel_step", *TRAIN_BATCH[6:], *SECOND_BATCH],
         ),
-        ("before_train", hs.CancelTrainException, [*START, "after_cancel_train", "after_train", *VALIDATION]),
+        ("before_train", CancelTrainException, [*START, "after_cancel_train", "after_train", *VALIDATION]),
         (
             "after_pred",
-            hs.CancelEpochException,
+            CancelEpochException,
             [*START, "before_batch", "after_pred", "after_cancel_epoch", "after_epoch", "after_fit"],
         ),
         (
             "after_loss",
-            hs.CancelFitException,
+            CancelFitException,
             [*START, *TRAIN_BATCH[:3], "after_cancel_fit", "after_fit"],
         ),
     ],
@@ -165,7 +176,7 @@ def test_each_cancel_exception_fires_after_cancel_then_after(event, exc, expecte
 
 def test_cancel_validate_skips_the_validation_batches():
     log = EventLog()
-    learn = _learner(cbs=[log, RaiseAt("before_validate", hs.CancelValidException())])
+    learn = _learner(cbs=[log, RaiseAt("before_validate", CancelValidException())])
     learn.fit(1)
     tail = log.seen[log.seen.index("before_validate") :]
     assert tail == ["before_validate", "after_cancel_validate", "after_validate", "after_epoch", "after_fit"]
@@ -175,7 +186,7 @@ def test_cancel_validate_skips_the_validation_batches():
 class SkipEveryStep(hs.Callback):
     def before_step(self):
         self.grads_before = [p.grad.clone() for p in self.learn.model.parameters()]
-        raise hs.CancelStepException()
+        raise CancelStepException()
 
 
 def test_cancel_step_skips_the_step_but_still_zeroes_the_gradients():
@@ -192,7 +203,7 @@ def test_cancel_step_skips_the_step_but_still_zeroes_the_gradients():
 
 class CancelBatchAfterBackward(hs.Callback):
     def after_backward(self):
-        raise hs.CancelBatchException()
+        raise CancelBatchException()
 
 
 def test_cancel_batch_after_backward_skips_step_and_zero_grad():
@@ -211,7 +222,7 @@ class HookedModel(hs.Callback):
     """Registers a forward hook in before_fit and removes it in after_fit / on_failure, as monitors do."""
 
     def before_fit(self):
-        self.hooks = hs.HookSet()
+        self.hooks = HookSet()
         self.hooks.forward(self.learn.model, lambda m, i, o: None)
 
     def after_fit(self):
@@ -292,10 +303,10 @@ def test_a_cycle_is_an_error_naming_the_callbacks():
     class B(hs.Callback):
         run_after = (A,)
 
-    with pytest.raises(hs.CallbackOrderError, match=r"A, B|B, A"):
+    with pytest.raises(CallbackOrderError, match=r"A, B|B, A"):
         _learner(cbs=[A(), B()])
     learn = _learner()
-    with pytest.raises(hs.CallbackOrderError, match=r"A, B|B, A"):
+    with pytest.raises(CallbackOrderError, match=r"A, B|B, A"):
         learn.fit(1, cbs=[A(), B()])
     assert [type(cb) for cb in learn.cbs] == [hs.callbacks.Recorder]
 
@@ -470,7 +481,7 @@ def test_loop_counters_follow_fastai_meaning():
 def test_cancel_fit_in_before_fit_still_removes_per_fit_callbacks():
     log = EventLog()
     learn = _learner()
-    learn.fit(1, cbs=[log, RaiseAt("before_fit", hs.CancelFitException())])
+    learn.fit(1, cbs=[log, RaiseAt("before_fit", CancelFitException())])
     assert log.seen == ["before_fit", "after_cancel_fit", "after_fit"]
     assert learn.cbs == [learn.recorder]
     assert learn.training_step == 0

@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks.layer_stats import ParamRecord, StepStats
+from hookscope.hooks.select import leaves
 from hookscope.hooks.stats import RunningStats
 
 
@@ -15,7 +16,7 @@ def trained() -> tuple[hs.callbacks.ActivationStats, hs.callbacks.GradientStats]
     torch.manual_seed(0)
     x, y = torch.randn(40, 1, 6, 6), torch.randint(0, 3, (40,))
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(144, 3))
-    acts = hs.callbacks.ActivationStats(select=None, bins=16, range=(-2.0, 2.0))
+    acts = hs.callbacks.ActivationStats(select=leaves, bins=16, range=(-2.0, 2.0))
     grads = hs.callbacks.GradientStats()
     dls = (DataLoader(TensorDataset(x, y), batch_size=8), None)
     hs.Learner(model, dls, nn.CrossEntropyLoss(), cbs=[acts, grads], progress=False).fit(2)

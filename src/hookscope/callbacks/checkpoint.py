@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import torch
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
@@ -44,9 +45,10 @@ class Checkpoint(Callback):
     run_valid = False
     run_during_sweep = False  # an lr_find sweep's weights must never become last.pt
 
+    @renamed_keywords(dir="path")
     def __init__(
         self,
-        dir: str | os.PathLike[str] = "checkpoints",
+        path: str | os.PathLike[str] = "checkpoints",
         every_n_steps: int | None = None,
         every_epoch: bool = True,
         keep_last: int = 1,
@@ -60,7 +62,7 @@ class Checkpoint(Callback):
             raise ValueError(f"Checkpoint: keep_last={keep_last}; keep at least 1 checkpoint")
         if mode not in ("min", "max"):
             raise ValueError(f"Checkpoint: mode={mode!r}; use 'min' (losses) or 'max' (accuracies)")
-        self.dir = Path(dir)
+        self.dir = Path(path)
         self.every_n_steps = every_n_steps
         self.every_epoch = every_epoch
         self.keep_last = keep_last

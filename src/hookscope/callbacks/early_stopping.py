@@ -23,6 +23,7 @@ class EarlyStopping(Callback):
     # the final epoch.
     order = 100
     run_after = ("Recorder",)
+    run_during_sweep = False  # a sweep's diverging loss is no reason to stop the real run
 
     def __init__(
         self,

@@ -39,8 +39,8 @@ class NonFiniteGuard(Callback):
 
     ``select`` chooses the modules whose outputs are watched (default: every leaf module; ``False`` for
     none — the loss and gradients are still checked). After a stop, ``report`` holds the
-    :class:`~hookscope.NonFiniteReport` of the offending batch, ``stopped_at`` the training step and
-    ``reason`` which check failed first. ``quiet=True`` keeps it from printing.
+    :class:`~hookscope.hooks.nonfinite.NonFiniteReport` of the offending batch, ``stopped_at`` the
+    training step and ``reason`` which check failed first. ``quiet=True`` keeps it from printing.
     """
 
     order = 20  # after MixedPrecision (10): its scaler skips inf steps itself and unscales the gradients

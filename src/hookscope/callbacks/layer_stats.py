@@ -125,8 +125,9 @@ class _StatsCallback(Callback):
 
 
 class ActivationStats(_StatsCallback):
-    """Statistics of the outputs of the selected layers (an ``hs.select`` spec; default: the leaf modules
-    that own parameters, see :func:`with_parameters`; None = every leaf module, ReLUs included).
+    """Statistics of the outputs of the layers ``select`` picks (see :func:`hookscope.select`; None, the
+    default: the leaf modules that own parameters, :func:`with_parameters`; every leaf module, ReLUs
+    included: :func:`hookscope.hooks.select.leaves`).
 
     Records training batches whose step is a multiple of ``every`` (``every`` doubles each time the
     bounded ``history`` is thinned, so the history spans the whole run at an even density: read it as
@@ -142,7 +143,7 @@ class ActivationStats(_StatsCallback):
 
     def __init__(
         self,
-        select: Spec = with_parameters,
+        select: Spec = None,
         every: int = 1,
         include_valid: bool = False,
         bins: int = 50,
@@ -153,7 +154,7 @@ class ActivationStats(_StatsCallback):
     ) -> None:
         self.cadence = Cadence(every, "ActivationStats")
         self.recorder = ActivationRecorder(
-            select=select,
+            select=with_parameters if select is None else select,
             include_valid=include_valid,
             bins=bins,
             range=range,
@@ -190,7 +191,8 @@ class GradientStats(_StatsCallback):
     mixed-precision unscaling and before clipping (a step that an earlier callback cancels there is not
     recorded), and the ratio ``||Δw|| / ||w||`` of that step's ``opt.step()`` (``update_ratio=True``).
     With ``output_grads=True``, also statistics of the gradient flowing out of each ``select``-ed module
-    (default :func:`with_parameters`; None = every leaf module; their ``history``), taken with tensor
+    (None, the default: :func:`with_parameters`; every leaf module: :func:`hookscope.hooks.select.leaves`;
+    their ``history``), taken with tensor
     hooks so in-place ops after a module do not break them. They are off by default: they cost as much as
     :class:`ActivationStats` (a CNN's output gradients are as large as its activations), while the
     per-parameter norms, what the gradient-flow plot shows, cost a fraction of that (on the small CNN of
@@ -204,7 +206,7 @@ class GradientStats(_StatsCallback):
     def __init__(
         self,
         every: int = 1,
-        select: Spec = with_parameters,
+        select: Spec = None,
         output_grads: bool = False,
         update_ratio: bool = True,
         bins: int = 50,
@@ -215,7 +217,7 @@ class GradientStats(_StatsCallback):
     ) -> None:
         self.cadence = Cadence(every, "GradientStats")
         self.recorder = GradientRecorder(
-            select=select,
+            select=with_parameters if select is None else select,
             output_grads=output_grads,
             update_ratio=update_ratio,
             bins=bins,

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hookscope.callbacks.early_stopping import EarlyStopping
 from hookscope.callbacks.precision import MixedPrecision
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler, sched_exp
 from hookscope.train.callback import Callback
@@ -86,10 +85,9 @@ class LRFindResult:
 
 
 def sits_out_sweeps(cb: Callback) -> bool:
-    """True for a callback that an lr_find sweep detaches: its class sets ``run_during_sweep = False``.
-
-    ``EarlyStopping`` sits out by name until its module sets the attribute (then this goes)."""
-    return not getattr(cb, "run_during_sweep", True) or isinstance(cb, EarlyStopping)
+    """True for a callback that an lr_find sweep detaches: its class sets ``run_during_sweep = False``
+    (:class:`~hookscope.Callback` declares it True)."""
+    return not getattr(cb, "run_during_sweep", True)
 
 
 def sweeping(learn: Learner) -> bool:

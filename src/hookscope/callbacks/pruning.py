@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.hooks.select import Spec
 from hookscope.pruning.masks import prune, refresh_masked, sparsity
 from hookscope.train.callback import Callback
@@ -37,7 +38,7 @@ def cubic_sparsity(step: int, initial: float, final: float, start: int, end: int
 
 
 class Pruning(Callback):
-    """Prune the modules ``spec`` selects from ``initial_sparsity`` to ``final_sparsity`` between
+    """Prune the modules ``select`` selects from ``initial_sparsity`` to ``final_sparsity`` between
     ``start_step`` and ``end_step`` (optimizer steps; ``None``: two thirds into the fit, leaving the rest
     to recover), every ``every`` steps.
 
@@ -48,9 +49,10 @@ class Pruning(Callback):
 
     run_valid = False
 
+    @renamed_keywords(spec="select")
     def __init__(
         self,
-        spec: Spec,
+        select: Spec,
         final_sparsity: float,
         initial_sparsity: float = 0.0,
         start_step: int = 0,
@@ -76,7 +78,7 @@ class Pruning(Callback):
             end_step if end_step is not None else rewind_step
         ):
             raise ValueError(f"Pruning: rewind_step={rewind_step} must lie between 0 and end_step={end_step}")
-        self.spec, self.how, self.structured, self.dim, self.scope = spec, how, structured, dim, scope
+        self.select, self.how, self.structured, self.dim, self.scope = select, how, structured, dim, scope
         self.initial, self.final = initial_sparsity, final_sparsity
         self.start_step, self.end_step, self.every = start_step, end_step, every
         self.loss_func, self.rewind_step = loss_func, rewind_step
@@ -103,7 +105,7 @@ class Pruning(Callback):
         target = cubic_sparsity(step, self.initial, self.final, self.start_step, self.end)
         table = prune(
             self.learn.model,
-            self.spec,
+            self.select,
             target,
             self.how,
             structured=self.structured,
@@ -118,7 +120,7 @@ class Pruning(Callback):
 
     def table(self) -> Any:
         """:func:`hookscope.sparsity` of the pruned modules now."""
-        return sparsity(self.learn.model, self.spec)
+        return sparsity(self.learn.model, self.select)
 
     def record(self) -> dict[str, Any]:
         """What the run folder keeps (``pruning.json``): settings, the schedule followed, the final table."""

@@ -17,17 +17,13 @@ around a Learner.
 from __future__ import annotations
 
 import os
-import platform
 import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from hookscope.atomic import atomic_write_json, atomic_write_text
 from hookscope.callbacks.checkpoint import Checkpoint
@@ -35,16 +31,23 @@ from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.layer_stats import layer_statistics
 from hookscope.callbacks.loggers.metrics import MetricsLogger
 from hookscope.callbacks.pruning import Pruning
-from hookscope.doctor.findings import Finding, ranked
-from hookscope.doctor.record_types import StepStats
+from hookscope.doctor.findings import Finding
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
-from hookscope.hooks.summary import Summary, summary
+from hookscope.hooks.batch import split_batch
+from hookscope.hooks.summary import summary
 from hookscope.hooks.tensors import map_tensors
+from hookscope.run_writer import (
+    KIND,
+    now_iso,
+    summary_record,
+    versions,
+    write_findings,
+    write_or_warn,
+    write_report_html,
+    write_stats,
+)
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
 from hookscope.train.callback import Callback
-from hookscope.train.learner import split_batch
-
-KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
 
 
 class RunFolder(Callback):
@@ -97,7 +100,7 @@ class RunFolder(Callback):
         self.folder: StagedFolder | None = None
         self._sample: Any = None
         self._previous: dict[str, Any] = {}
-        self._start, self._started = time.perf_counter(), _now()
+        self._start, self._started = time.perf_counter(), now_iso()
         self._cancelled = False
         # where each tracker callback (TensorBoard, W&B, MLflow) writes, for config.json and the report
         self.trackers: dict[str, dict[str, str]] = {}
@@ -119,12 +122,12 @@ class RunFolder(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        self._start, self._started, self._cancelled = time.perf_counter(), _now(), False
+        self._start, self._started, self._cancelled = time.perf_counter(), now_iso(), False
         self.folder = self._stage()
         self._previous = _read_config(self.folder.path)
         self._write_config("running")
         self._sample = self._one_sample()
-        _try("the model summary", self._write_summary)
+        write_or_warn("the model summary", self._write_summary)
 
     def after_cancel_fit(self) -> None:
         self._cancelled = True
@@ -152,7 +155,7 @@ class RunFolder(Callback):
         for cb in learn.cbs if learn is not None else ():
             moved = getattr(cb, "run_folder_moved", None)
             if moved is not None:
-                _try(f"{type(cb).__name__}'s paths", lambda moved=moved: moved(old, final))
+                write_or_warn(f"{type(cb).__name__}'s paths", lambda moved=moved: moved(old, final))
         return final
 
     def mark_failed(self, reason: str) -> None:
@@ -160,7 +163,7 @@ class RunFolder(Callback):
         that ended normally; the folder stays partial. For callers with their own verdict (the CLI:
         the doctor found errors)."""
         self._write_config("failed", error=reason)
-        _try("report.html", self._write_report)
+        write_or_warn("report.html", self._write_report)
 
     # ---- writing ---------------------------------------------------------------------------------------
 
@@ -188,25 +191,27 @@ class RunFolder(Callback):
     def _write_results(self, status: str, error: str | None = None) -> None:
         doctor = _first(self.learn, Doctor)
         if doctor is not None:
-            _try("findings.json", lambda: self._write_findings(doctor))
+            write_or_warn("findings.json", lambda: self._write_findings(doctor))
         statistics = layer_statistics(self.learn)
         activations = statistics.activations
         if activations is not None:
-            _try("stats.json", lambda: self._write_stats(activations))
+            write_or_warn("stats.json", lambda: self._write_stats(activations))
         preflight = (
             self.preflight if self.preflight is not None else getattr(doctor, "preflight_findings", None)
         )
         if preflight is not None:
-            _try("preflight.json", lambda: write_findings(self.folder.file, preflight, "preflight.json"))
+            write_or_warn(
+                "preflight.json", lambda: write_findings(self.folder.file, preflight, "preflight.json")
+            )
         pruning = _first(self.learn, Pruning)
         if pruning is not None:
-            _try(
+            write_or_warn(
                 "pruning.json", lambda: atomic_write_json(self.folder.file("pruning.json"), pruning.record())
             )
         if self.figures:
-            _try("the figures", lambda: self._write_figures(activations, statistics.gradients))
+            write_or_warn("the figures", lambda: self._write_figures(activations, statistics.gradients))
         self._write_config(status, error)
-        _try("report.html", self._write_report)
+        write_or_warn("report.html", self._write_report)
 
     def _write_config(self, status: str, error: str | None = None) -> None:
         """``config.json``: options, the Learner's facts, command, versions, times and — unless complete —
@@ -224,7 +229,7 @@ class RunFolder(Callback):
             "status": status,
         }
         if status != "running":
-            config["ended"] = _now()
+            config["ended"] = now_iso()
             config["duration_s"] = previous.get("duration_s", 0.0) + elapsed
         if status not in ("running", "complete"):
             config["stopped_at"] = {
@@ -280,115 +285,7 @@ class RunFolder(Callback):
         write_run_figures(self.learn, self.folder.file, activations, gradients, self._sample)
 
     def _write_report(self) -> None:
-        _report(self.folder.path)
-
-
-def write_findings(file: Callable[[str], Path], findings: list[Finding], name: str = "findings.json") -> None:
-    """``findings.json`` (or ``name``): every finding, most severe first."""
-    atomic_write_json(file(name), [f.to_dict() for f in ranked(findings)])
-
-
-def write_stats(file: Callable[[str], Path], latest: Mapping[str, StepStats]) -> None:
-    """``stats.json``: the last recorded activation statistics of every watched layer."""
-    rows = [
-        {
-            "layer": name,
-            "step": record.step,
-            "mean": record.stats.mean,
-            "std": record.stats.std,
-            "dead_units": record.stats.dead_fraction(),
-            "non_finite": record.stats.nonfinite,
-            "abs_max": record.stats.abs_max,
-            "zeros": record.stats.zero_fraction,
-            "sampled": record.stats.sampled,
-        }
-        for name, record in latest.items()
-    ]
-    atomic_write_json(file("stats.json"), rows)
-
-
-def write_watch_folder(
-    out: str | Path,
-    config: Mapping[str, Any],
-    findings: list[Finding],
-    activations: ActivationRecorder | None,
-    gradients: GradientRecorder | None,
-    losses: list[float],
-    model: torch.nn.Module,
-) -> Path:
-    """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
-    versions), findings.json, stats.json, the loss and statistics figures and report.html; returns the
-    published folder. An existing run at ``out`` is refused, as by RunFolder without ``overwrite``."""
-    folder = StagedFolder.start(out, KIND)
-    facts = {"name": folder.final.name, "command": shlex.join(["python", *sys.argv]), "versions": versions()}
-    atomic_write_json(folder.file(CONFIG), {**facts, **config, "ended": _now()})
-    _try("findings.json", lambda: write_findings(folder.file, findings))
-    if activations is not None:
-        _try("stats.json", lambda: write_stats(folder.file, activations.latest()))
-    _try("the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model))
-    _try("report.html", lambda: _report(folder.path))
-    return folder.finish()
-
-
-def _write_watch_figures(
-    file: Callable[[str], Path],
-    losses: list[float],
-    activations: ActivationRecorder | None,
-    gradients: GradientRecorder | None,
-    model: torch.nn.Module,
-) -> None:
-    from hookscope.viz.curves import loss_curves  # matplotlib loads here, not with hookscope
-    from hookscope.viz.feature_maps import save_figure
-    from hookscope.viz.run_figures import write_statistics_figures
-
-    if losses:
-        save_figure(loss_curves(losses, []), file("figures/loss.png"))
-    write_statistics_figures(model, file, activations, gradients)
-
-
-def _report(folder: Path) -> None:
-    from hookscope.viz.report import write_report
-
-    write_report(folder)
-
-
-def summary_record(table: Summary) -> dict[str, Any]:
-    """The summary as the report's table: totals and one row per named module call."""
-    rows = [
-        {
-            "layer": "\u2003" * (row.depth - 1) + row.name,
-            "type": row.type,
-            "output_shape": ", ".join("×".join(map(str, s)) for s in row.output_shapes),
-            "params": row.params,
-            "MACs": row.macs,
-        }
-        for row in table.rows
-        if row.name
-    ]
-    totals = {k: getattr(table, k) for k in ("total_params", "trainable_params", "total_macs")}
-    return {**totals, "rows": rows}
-
-
-def versions() -> dict[str, str]:
-    """Versions of what shapes a run's numbers: Python, hookscope, torch, torchvision, numpy, platform."""
-    import numpy as np
-
-    from hookscope import __version__
-
-    found = {
-        "python": platform.python_version(),
-        "hookscope": __version__,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-    }
-    try:
-        import torchvision
-
-        found["torchvision"] = torchvision.__version__
-    except ImportError:
-        found["torchvision"] = "not installed"
-    return found
+        write_report_html(self.folder.path)
 
 
 def learner_facts(learn: Any) -> dict[str, Any]:
@@ -409,14 +306,6 @@ def _first(learn: Any, kind: type[Callback]) -> Any:
     return next((cb for cb in learn.cbs if isinstance(cb, kind)), None)
 
 
-def _try(what: str, write: Callable[[], None]) -> None:
-    """Write one artifact; a failure warns and the rest of the folder is still written."""
-    try:
-        write()
-    except Exception as err:
-        warnings.warn(f"RunFolder: could not write {what} ({type(err).__name__}: {err})", stacklevel=2)
-
-
 def _read_config(folder: Path) -> dict[str, Any]:
     """The config of the run being continued (nothing for a fresh one)."""
     path = folder / CONFIG
@@ -425,7 +314,3 @@ def _read_config(folder: Path) -> dict[str, Any]:
 
 def _name(obj: Any) -> str:
     return getattr(obj, "__name__", None) or type(obj).__name__
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

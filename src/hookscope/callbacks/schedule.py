@@ -1,10 +1,10 @@
 """Hyper-parameter schedules: fastai-style ``ParamScheduler``, one-cycle, cosine, and any torch scheduler.
 
 A schedule is a plain function of ``pct_train`` (the fraction of training done, 0 at the first batch)
-returning a value. ``ParamScheduler`` writes the values into ``learn.opt.param_groups`` in
-``before_batch``, so the optimizer step of that batch uses them and the Recorder sees them. The name
-``"momentum"`` means SGD's ``momentum`` or, for Adam-style optimizers, the first of ``betas`` — the same
-rule as ``torch.optim.lr_scheduler.OneCycleLR``.
+returning a value: an :data:`Annealer` (fastai's ``sched_*`` functions). ``ParamScheduler`` writes
+the values into ``learn.opt.param_groups`` in ``before_batch``, so the optimizer step of that batch uses
+them and the Recorder sees them. The name ``"momentum"`` means SGD's ``momentum`` or, for Adam-style
+optimizers, the first of ``betas`` — the same rule as ``torch.optim.lr_scheduler.OneCycleLR``.
 """
 
 from __future__ import annotations
@@ -16,32 +16,35 @@ from typing import Any, Literal
 
 import torch
 
+from hookscope._deprecation import deprecated
 from hookscope.train.callback import Callback
 
-Schedule = Callable[[float], float]
+# A value as a function of pct_train. Formerly ``Schedule``, a name the doctor's RecordingSchedule and
+# torch's schedulers also claimed; the old name warns for a release.
+Annealer = Callable[[float], float]
 
 
-def sched_lin(start: float, end: float) -> Schedule:
+def sched_lin(start: float, end: float) -> Annealer:
     """Straight line from ``start`` (pct 0) to ``end`` (pct 1)."""
     return lambda pct: start + (end - start) * pct
 
 
-def sched_cos(start: float, end: float) -> Schedule:
+def sched_cos(start: float, end: float) -> Annealer:
     """Half a cosine from ``start`` to ``end``: flat at both ends, steepest in the middle."""
     return lambda pct: end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1.0)
 
 
-def sched_exp(start: float, end: float) -> Schedule:
+def sched_exp(start: float, end: float) -> Annealer:
     """Geometric from ``start`` to ``end`` (both > 0): equal ratios per step, as an LR sweep needs."""
     return lambda pct: start * (end / start) ** pct
 
 
-def sched_const(value: float) -> Schedule:
+def sched_const(value: float) -> Annealer:
     """Always ``value``."""
     return lambda pct: value
 
 
-def combine_scheds(pcts: Sequence[float], scheds: Sequence[Schedule]) -> Schedule:
+def combine_scheds(pcts: Sequence[float], scheds: Sequence[Annealer]) -> Annealer:
     """Run ``scheds[i]`` over a fraction ``pcts[i]`` of training, each seeing its own 0..1 progress."""
     if len(pcts) != len(scheds) or not math.isclose(sum(pcts), 1.0):
         raise ValueError(
@@ -71,8 +74,8 @@ class ParamScheduler(Callback):
     run_valid = False
     run_during_sweep = False  # lr_find sets the lr itself
 
-    def __init__(self, scheds: Mapping[str, Schedule | Sequence[Schedule]]) -> None:
-        self.scheds: dict[str, Schedule | Sequence[Schedule]] = dict(scheds)
+    def __init__(self, scheds: Mapping[str, Annealer | Sequence[Annealer]]) -> None:
+        self.scheds: dict[str, Annealer | Sequence[Annealer]] = dict(scheds)
 
     def before_fit(self) -> None:
         groups = self.learn.opt.param_groups
@@ -138,7 +141,7 @@ class OneCycle(ParamScheduler):
             self.scheds["momentum"] = _phased(self._phase_ends(total), ends, anneal, total)
         super().before_fit()
 
-    def _lr_schedule(self, lr_max: float, total: int, anneal: Callable[..., Schedule]) -> Schedule:
+    def _lr_schedule(self, lr_max: float, total: int, anneal: Callable[..., Annealer]) -> Annealer:
         initial = lr_max / self.div_factor
         final = initial / self.final_div_factor
         if self.three_phase:
@@ -252,9 +255,9 @@ class LRScheduler(Callback):
 def _phased(
     phase_ends: Sequence[float],
     values: Sequence[tuple[float, float]],
-    anneal: Callable[[float, float], Schedule],
+    anneal: Callable[[float, float], Annealer],
     total: int,
-) -> Schedule:
+) -> Annealer:
     """A schedule of ``pct_train`` that anneals ``values[i]`` over phase i, phases ending at the given
     steps — ``OneCycleLR.get_lr`` written as a function of the fraction of training done."""
     curves = [anneal(start, end) for start, end in values]
@@ -319,3 +322,10 @@ def _history_value(learn: Any, key: str, who: str) -> float:
         keys = ", ".join(history[-1]) if history else "none yet"
         raise KeyError(f"{who}: no {key!r} in learn.recorder.history (available: {keys}); pass monitor=")
     return history[-1][key]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "Schedule":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    deprecated(f"{__name__}.Schedule is now Annealer; the old name goes in the next release")
+    return Annealer

@@ -18,16 +18,17 @@ from hookscope.hooks.capture import capture
 from hookscope.hooks.select import Spec
 from hookscope.specs import IMAGENET_MEAN, IMAGENET_STD, SpecError, load_model
 from hookscope.staged_folder import StagedFolder
-from hookscope.viz.feature_maps import feature_maps, save_figure
+from hookscope.viz.feature_maps import feature_maps
 from hookscope.viz.report import write_feature_map_index
+from hookscope.viz.save import save_figure
 
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, weights=args.weights).eval()
     image = _read_image(args.image, args.size)
-    spec = _selection(args.select)
-    _refuse_unknown_names(model, args.model, spec)
-    maps, skipped = _captured_maps(model, args.model, image, spec)
+    selection = _selection(args.select)
+    _refuse_unknown_names(model, args.model, selection)
+    maps, skipped = _captured_maps(model, args.model, image, selection)
     if not maps:
         raise SpecError(
             f"--select {args.select!r} captured no 4-D feature map in {args.model}; select conv layers, "
@@ -56,12 +57,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_unknown_names(model: nn.Module, name: str, spec: Spec) -> None:
+def _refuse_unknown_names(model: nn.Module, name: str, selection: Spec) -> None:
     """A list of names is matched exactly; one that names no module would otherwise be dropped silently."""
-    if not isinstance(spec, list):
+    if not isinstance(selection, list):
         return
     names = [n for n, _ in model.named_modules() if n]
-    unknown = [part for part in spec if part not in names]
+    unknown = [part for part in selection if part not in names]
     if not unknown:
         return
     closest = [c for part in unknown for c in difflib.get_close_matches(part, names, n=3, cutoff=0.5)]
@@ -74,13 +75,13 @@ def _refuse_unknown_names(model: nn.Module, name: str, spec: Spec) -> None:
 
 
 def _captured_maps(
-    model: nn.Module, name: str, image: torch.Tensor, spec: Spec
+    model: nn.Module, name: str, image: torch.Tensor, selection: Spec
 ) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
     """``(label, (1, C, H, W) output)`` of every selected layer call, on the ImageNet-normalised image,
     and the labels of the selected calls whose output is not a 4-D map (with their type and shape)."""
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    with torch.no_grad(), capture(model, spec) as cap:
+    with torch.no_grad(), capture(model, selection) as cap:
         try:
             model((image - mean) / std)
         except Exception as err:

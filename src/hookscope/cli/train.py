@@ -21,14 +21,14 @@ from torch import nn
 from hookscope.callbacks.clip import GradientClip
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.precision import MixedPrecision
-from hookscope.callbacks.run_folder import RunFolder, ranked
+from hookscope.callbacks.run_folder import RunFolder
 from hookscope.callbacks.schedule import OneCycle
 from hookscope.callbacks.trackers.mlflow import MLflowCallback
 from hookscope.callbacks.trackers.tensorboard import TensorBoardCallback
 from hookscope.callbacks.trackers.wandb import WandbCallback
 from hookscope.cli.common import USAGE_ERROR, CommandError, _explain, _short_name
 from hookscope.cli.options import OPTION_NAMES, TrainOptions, tracker_names
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.preflight import preflight
 from hookscope.metrics import accuracy
 from hookscope.specs import SpecError, checked_summary, load_data, load_model
@@ -86,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_learner(options: TrainOptions, out: str | Path, command: str = "", resume: bool = False) -> Learner:
-    """The Learner ``options`` describe, writing its run folder to ``out`` (``resume``: its weights come
+def build_learner(
+    options: TrainOptions, path: str | Path, command: str = "", resume: bool = False
+) -> Learner:
+    """The Learner ``options`` describe, writing its run folder to ``path`` (``resume``: its weights come
     from the run's checkpoint, not ``--weights``).
 
     Model, data and input problems raise :class:`~hookscope.specs.SpecError` before anything is written.
@@ -109,12 +111,12 @@ def build_learner(options: TrainOptions, out: str | Path, command: str = "", res
         nn.CrossEntropyLoss(),
         lr=options.lr,
         metrics=[accuracy],
-        cbs=train_callbacks(options, out, command),
+        cbs=train_callbacks(options, path, command),
         device=device,
     )
 
 
-def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -> list[Callback]:
+def train_callbacks(options: TrainOptions, path: str | Path, command: str = "") -> list[Callback]:
     """The callbacks ``options`` ask for: one-cycle, precision, clipping, the doctor, the trackers of
     ``--log``, and the run folder (metrics, checkpoints with the best by validation loss, figures, report)."""
     cbs: list[Callback] = [OneCycle(options.lr)]
@@ -128,7 +130,7 @@ def train_callbacks(options: TrainOptions, out: str | Path, command: str = "") -
     cbs += [trackers[name]() for name in tracker_names(options.log)]
     checkpoints = {"monitor": "valid_loss", "sigint": True}
     cbs.append(
-        RunFolder(out, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)
+        RunFolder(path, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)
     )
     return cbs
 
@@ -148,10 +150,10 @@ def run_preflight(learn: Learner) -> list[Finding]:
     return findings
 
 
-def closing_words(learn: Learner, run_dir: Path, seconds: float, findings: list[Finding] | None) -> str:
+def closing_words(learn: Learner, path: Path, seconds: float, findings: list[Finding] | None) -> str:
     """What ``hookscope train`` prints at the end: the report's path, the final metrics, and the top
     ``findings`` (most severe first; None: the doctor was off)."""
-    lines = [f"report: {run_dir / REPORT}"]
+    lines = [f"report: {path / REPORT}"]
     history = learn.recorder.history
     if history:
         last = history[-1]

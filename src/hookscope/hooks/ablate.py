@@ -18,10 +18,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.hooks.batch import split_batch
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.patch import patch
-from hookscope.hooks.select import Spec, select
+from hookscope.hooks.select import Spec
+from hookscope.hooks.select import select as select_modules
 from hookscope.hooks.tensors import first_tensor
 
 Batch = Any  # a tensor (input only) or a tuple/list ``(*inputs, target)``
@@ -80,16 +82,18 @@ class Ablation:
         return "\n".join(lines)
 
 
+@renamed_keywords(spec="select")
 def ablate(
     model: nn.Module,
-    spec: Spec,
+    select: Spec,
     data: Iterable[Batch],
     metric: Callable[..., Any] | None = None,
     how: str = "zero",
     per: str = "layer",
 ) -> Ablation:
-    """Switch off each module selected by ``spec`` in turn (``per="unit"``: each unit of the one module
-    ``spec`` selects) and return the :class:`Ablation` table of ``metric(pred, target)`` over ``data``.
+    """Switch off each module selected by ``select`` in turn (``per="unit"``: each unit of the one
+    module ``select`` selects) and return the :class:`Ablation` table of ``metric(pred, target)`` over
+    ``data``.
 
     ``metric`` defaults to the cross-entropy loss; any function returning a number or a scalar tensor
     (accuracy, a loss) works and is averaged over the batches weighted by their size. The model runs in
@@ -101,11 +105,11 @@ def ablate(
         raise ValueError(
             f"ablate: per={per!r}; use 'layer' (each module) or 'unit' (each unit of one module)"
         )
-    modules = select(model, spec)
+    modules = select_modules(model, select)
     if per == "unit" and len(modules) != 1:
         names = ", ".join(n for n, _ in modules[:4])
         raise ValueError(
-            f"ablate: per='unit' ablates the units of one module, but {spec!r} selects {len(modules)} "
+            f"ablate: per='unit' ablates the units of one module, but {select!r} selects {len(modules)} "
             f"({names}...); pass one module's name"
         )
     batches = split_batches(data, "ablate")

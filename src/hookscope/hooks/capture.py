@@ -23,8 +23,10 @@ import torch
 from torch import nn
 
 from hookscope import compat
+from hookscope._deprecation import renamed_keywords
 from hookscope.hooks.handles import HookSet
-from hookscope.hooks.select import Spec, select
+from hookscope.hooks.select import Spec
+from hookscope.hooks.select import select as select_modules
 from hookscope.hooks.tensors import map_tensors, tensors_in
 
 KINDS = ("output", "input", "grad_output", "grad_input")
@@ -58,10 +60,11 @@ class Capture:
     ``names`` holds the selected module names in model order.
     """
 
+    @renamed_keywords(spec="select")
     def __init__(
         self,
         model: nn.Module,
-        spec: Spec = None,
+        select: Spec = None,
         what: str | tuple[str, ...] = "output",
         to: str | torch.device | None = None,
         reduce: Callable[[torch.Tensor], Any] | None = None,
@@ -77,7 +80,7 @@ class Capture:
         self._running: dict[str, list[int]] = {}
         self._hooks = HookSet()
         self._pending_offload: set[torch.device] = set()
-        modules = select(model, spec)
+        modules = select_modules(model, select)
         self.names = tuple(name for name, _ in modules)
         _refuse_compiled(model, modules)
         try:
@@ -266,15 +269,17 @@ class Capture:
         return f"capture: module {name!r} is not among the {len(self.names)} selected modules{hint}"
 
 
+@renamed_keywords(spec="select")
 def capture(
     model: nn.Module,
-    spec: Spec = None,
+    select: Spec = None,
     what: str | tuple[str, ...] = "output",
     to: str | torch.device | None = None,
     reduce: Callable[[torch.Tensor], Any] | None = None,
     max_bytes: int | None = None,
 ) -> Capture:
-    """Record what the modules of ``model`` selected by ``spec`` (see :func:`select`) see and produce.
+    """Record what the modules of ``model`` selected by ``select`` (see
+    :func:`~hookscope.select`; ``None``: every leaf module) see and produce.
 
     ``what`` is ``"output"``, ``"input"``, ``"grad_output"``, ``"grad_input"`` or a tuple of them; gradients
     are what ``torch.autograd.grad(loss, tensor)`` gives for the module's output/input tensor, recorded while
@@ -282,7 +287,7 @@ def capture(
     ``reduce(tensor)`` instead of the tensor, ``max_bytes`` bounds what is kept (:class:`CaptureLimitError`).
     Use it as a context manager, or call ``.remove()`` yourself.
     """
-    return Capture(model, spec, what=what, to=to, reduce=reduce, max_bytes=max_bytes)
+    return Capture(model, select, what=what, to=to, reduce=reduce, max_bytes=max_bytes)
 
 
 def _parse_what(what: str | tuple[str, ...]) -> tuple[str, ...]:

@@ -1,8 +1,12 @@
 """Which modules to listen to: one selection rule shared by every hookscope feature.
 
-A spec is a module type, a tuple of types, a glob over qualified names (``"layer1.*.conv*"``; ``*``
+A selection is a module type, a tuple of types, a glob over qualified names (``"layer1.*.conv*"``; ``*``
 also crosses dots, as in TransformerLens filters), a list of exact names, a predicate
-``(name, module) -> bool``, or ``None`` for every leaf module. Results always come in model order.
+``(name, module) -> bool``, or ``None``. Results always come in model order.
+
+Every hookscope feature names this parameter ``select`` and reads ``None`` the same way: *the
+component's default set*, which its docstring names and which is exactly what leaving the argument out
+gives. For :func:`select` and :func:`~hookscope.capture` that set is every leaf module.
 """
 
 from __future__ import annotations
@@ -14,26 +18,35 @@ from typing import TypeAlias
 
 from torch import nn
 
+from hookscope._deprecation import renamed_keywords
+
 Predicate: TypeAlias = Callable[[str, nn.Module], bool]
 Spec: TypeAlias = type | tuple[type, ...] | str | Sequence[str] | Predicate | None
 
 
 class SelectionError(ValueError):
-    """A selection spec matched no module; the message lists the closest names."""
+    """A selection matched no module; the message lists the closest names."""
 
 
-def select(model: nn.Module, spec: Spec = None) -> list[tuple[str, nn.Module]]:
-    """Return ``(qualified_name, module)`` pairs of ``model`` matched by ``spec``, in model order.
+@renamed_keywords(spec="select")
+def select(model: nn.Module, select: Spec = None) -> list[tuple[str, nn.Module]]:
+    """Return ``(qualified_name, module)`` pairs of ``model`` matched by ``select``, in model order.
 
     The root module is a candidate only when it has no children (a bare ``nn.Linear``, named ``""``),
-    so ``None`` and globs mean "the layers inside". A module registered under two names is listed once.
-    An empty match raises :class:`SelectionError` naming the closest candidates.
+    so ``None`` (every leaf module) and globs mean "the layers inside". A module registered under two
+    names is listed once. An empty match raises :class:`SelectionError` naming the closest candidates.
     """
     candidates = _candidates(model)
-    matches = [(name, module) for name, module in candidates if _matches(spec, name, module)]
+    matches = [(name, module) for name, module in candidates if _matches(select, name, module)]
     if matches:
         return matches
-    raise SelectionError(_no_match_message(model, spec, candidates))
+    raise SelectionError(_no_match_message(model, select, candidates))
+
+
+def leaves(name: str, module: nn.Module) -> bool:
+    """Selection predicate for every leaf module: what :func:`select` takes for ``None``. Pass it where a
+    component's default set is smaller (``ActivationStats(select=leaves)`` also watches ReLUs)."""
+    return next(module.children(), None) is None
 
 
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -45,7 +58,7 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _matches(spec: Spec, name: str, module: nn.Module) -> bool:
     if spec is None:
-        return next(module.children(), None) is None
+        return leaves(name, module)
     if isinstance(spec, type) or (isinstance(spec, tuple) and all(isinstance(t, type) for t in spec)):
         return isinstance(module, spec)
     if isinstance(spec, str):

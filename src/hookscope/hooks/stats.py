@@ -23,7 +23,7 @@ Why sample those three: exact versions cost a full pass each (a per-channel max 
 slower than the sum on a CPU), and in a small CNN every pass over a conv output costs ~1-2% of the step.
 ``sample=None`` makes every statistic exact at that price.
 
-Parameter gradients get :func:`grad_norms` (one fused norm over every parameter) and
+Parameter gradients get :func:`hookscope.hooks.tensors.grad_norms` (one fused norm over every tensor) and
 :class:`UpdateRatio` (``||w_after - w_before|| / ||w_after||`` measured around ``opt.step()``).
 """
 
@@ -40,7 +40,6 @@ import torch
 from torch import nn
 
 from hookscope import compat
-from hookscope.hooks.tensors import grad_norms as norms_of_tensors
 
 _NUMPY_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
 # Sample runs: consecutive values per run (256 bytes of float32), and updates kept raw per window.
@@ -572,20 +571,6 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
             out[i] = flat[offset : offset + n].reshape(tensors[i].shape)
             offset += n
     return [a for a in out if a is not None]
-
-
-def grad_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of each parameter's ``.grad`` as one float32 device vector (one fused op, no host sync).
-
-    Every parameter must have a gradient; filter with ``p.grad is not None`` first (a host-side check).
-    """
-    missing = [i for i, p in enumerate(params) if p.grad is None]
-    if missing:
-        raise ValueError(
-            f"grad_norms: parameters at positions {missing[:5]} have no .grad; pass only parameters "
-            "with p.grad is not None"
-        )
-    return norms_of_tensors([p.grad for p in params if p.grad is not None])
 
 
 class UpdateRatio:

@@ -48,7 +48,7 @@ def watch_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
 
     parameters = inspect.signature(Watch).parameters.items()
     accepted = [name for name, p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    unknown = sorted(set(options) - set(accepted))
+    unknown = sorted(set(options) - set(accepted) - set(Watch.__init__.renamed_keywords))
     if unknown:
         raise TypeError(
             f"{owner}: unknown option(s) {', '.join(unknown)}; hs.watch accepts {', '.join(accepted)}"

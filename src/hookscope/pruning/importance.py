@@ -26,17 +26,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.hooks.ablate import Batch, Split, evaluating, split_batches, unit_axis
 from hookscope.hooks.handles import HookSet
-from hookscope.hooks.select import Spec, select
+from hookscope.hooks.select import Spec
+from hookscope.hooks.select import select as select_modules
 from hookscope.hooks.tensors import first_tensor
 
 HOWS = ("l1", "random", "activation", "taylor")
 
 
+@renamed_keywords(spec="select")
 def importance(
     model: nn.Module,
-    spec: Spec,
+    select: Spec,
     how: str = "l1",
     *,
     structured: bool = False,
@@ -45,13 +48,13 @@ def importance(
     loss_func: Callable[..., torch.Tensor] | None = None,
     name: str = "weight",
 ) -> dict[str, torch.Tensor]:
-    """Scores of every module selected by ``spec`` (``{qualified name: scores}``), higher = keep.
+    """Scores of every module selected by ``select`` (``{qualified name: scores}``), higher = keep.
 
     ``structured``: one score per slice of the weight along ``dim`` (a channel for ``dim=0``), else one
     per weight, shaped like it. ``data`` (batches as a loader yields them: ``(x, y)`` or ``x``) is needed
     for ``activation`` and ``taylor``; ``taylor`` also needs ``loss_func``.
     """
-    modules = weighted_modules(model, spec, name)
+    modules = weighted_modules(model, select, name)
     _check_how(how, data, loss_func)
     if how == "l1":
         return {n: _l1(_weight(m, name), structured, dim) for n, m in modules}
@@ -63,23 +66,24 @@ def importance(
     return _taylor_scores(model, modules, batches, loss_func, structured, dim, name)
 
 
+@renamed_keywords(spec="select")
 def activation_importance(
-    model: nn.Module, spec: Spec, data: Iterable[Batch], *, dim: int = 0
+    model: nn.Module, select: Spec, data: Iterable[Batch], *, dim: int = 0
 ) -> dict[str, torch.Tensor]:
     """Mean ``|activation|`` per unit of each selected module over ``data`` (output units for ``dim=0``,
     input units for ``dim=1``): the unit axis is the last one for ``nn.Linear``, axis 1 otherwise."""
-    modules = select(model, spec)
+    modules = select_modules(model, select)
     return _unit_activation(model, modules, _batches(data, "activation"), "input" if dim == 1 else "output")
 
 
-def weighted_modules(model: nn.Module, spec: Spec, name: str = "weight") -> list[tuple[str, nn.Module]]:
-    """The modules of ``spec`` that hold a tensor ``name`` (masked or not); refuses a selection with none."""
-    selected = select(model, spec)
+def weighted_modules(model: nn.Module, select: Spec, name: str = "weight") -> list[tuple[str, nn.Module]]:
+    """The modules of ``select`` that hold a tensor ``name`` (masked or not); refuses an empty selection."""
+    selected = select_modules(model, select)
     found = [(n, m) for n, m in selected if isinstance(getattr(m, name, None), torch.Tensor)]
     if found:
         return found
     raise ValueError(
-        f"prune: none of the {len(selected)} modules selected by {spec!r} has a tensor {name!r}; select "
+        f"prune: none of the {len(selected)} modules selected by {select!r} has a tensor {name!r}; select "
         "layers that hold weights, e.g. nn.Conv2d, nn.Linear or nn.BatchNorm2d"
     )
 

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
-from hookscope.hooks.select import Spec, select
+from hookscope._deprecation import renamed_keywords
+from hookscope.hooks.select import Spec
+from hookscope.hooks.select import select as select_modules
 from hookscope.pruning.importance import Batch, importance, weighted_modules
 
 SCOPES = ("layer", "global")
@@ -82,9 +84,10 @@ class Sparsity:
         return "\n".join(lines)
 
 
+@renamed_keywords(spec="select")
 def prune(
     model: nn.Module,
-    spec: Spec,
+    select: Spec,
     amount: float,
     how: str = "l1",
     *,
@@ -95,7 +98,7 @@ def prune(
     loss_func: Callable[..., torch.Tensor] | None = None,
     name: str = "weight",
 ) -> Sparsity:
-    """Mask the lowest-scoring ``amount`` of the weights of the modules ``spec`` selects; returns
+    """Mask the lowest-scoring ``amount`` of the weights of the modules ``select`` selects; returns
     :func:`sparsity` of those modules.
 
     ``how``: ``"l1"`` (magnitude), ``"random"``, ``"activation"`` or ``"taylor"`` (measured through hooks
@@ -106,9 +109,9 @@ def prune(
     different scale compete fairly).
     """
     _check_amount(amount, scope)
-    modules = weighted_modules(model, spec, name)
+    modules = weighted_modules(model, select, name)
     scores = importance(
-        model, spec, how, structured=structured, dim=dim, data=data, loss_func=loss_func, name=name
+        model, select, how, structured=structured, dim=dim, data=data, loss_func=loss_func, name=name
     )
     masks = _choose(modules, scores, amount, structured, dim, scope, name)
     for module_name, module in modules:
@@ -118,14 +121,17 @@ def prune(
     return sparsity(model, [n for n, _ in modules])
 
 
-def sparsity(model: nn.Module, spec: Spec = None) -> Sparsity:
+@renamed_keywords(spec="select")
+def sparsity(model: nn.Module, select: Spec = None) -> Sparsity:
     """Per-layer table of pruned weights (and masked biases) of the selected modules.
 
-    ``spec=None`` lists every module holding a ``weight`` tensor. A masked tensor counts the zeros of its
-    mask; an unmasked one the weights that are exactly zero.
+    ``select=None`` (the default) lists every module holding a ``weight`` tensor. A masked tensor counts the
+    zeros of its mask; an unmasked one the weights that are exactly zero.
     """
     selected = [
-        (n, m) for n, m in select(model, spec) if isinstance(getattr(m, "weight", None), torch.Tensor)
+        (n, m)
+        for n, m in select_modules(model, select)
+        if isinstance(getattr(m, "weight", None), torch.Tensor)
     ]
     rows = []
     for module_name, module in selected:

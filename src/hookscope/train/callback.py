@@ -34,6 +34,8 @@ class Callback:
     ``run_before = Recorder`` works as written). ``run_train`` /
     ``run_valid`` say whether the batch events of each phase reach this callback. ``rank_zero_only``:
     under torchrun, only rank 0 runs it (what prints or writes files: progress, run folder, trackers).
+    ``run_during_sweep = False``: ``Learner.lr_find`` detaches it for its throw-away sweep (what schedules,
+    stops, records or diagnoses the real run).
     """
 
     order: int = 0
@@ -42,6 +44,7 @@ class Callback:
     run_after: type | str | tuple[type | str, ...] = ()
     run_train: bool = True
     run_valid: bool = True
+    run_during_sweep: bool = True
     learn: Learner
 
     @property

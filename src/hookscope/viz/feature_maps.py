@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-# save_figure lived here; hookscope.viz.save is its home (this import keeps the old path working)
-from hookscope.viz.save import save_figure
+from hookscope._deprecation import moved_names
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["feature_maps", "save_figure"]
+__all__ = ["feature_maps"]
+
+# save_figure lived here; hookscope.viz.save is its home (the old path warns for a release)
+__getattr__ = moved_names(__name__, {"save_figure": "hookscope.viz.save"})
 
 
 def feature_maps(

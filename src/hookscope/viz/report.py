@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.atomic import atomic_write_text
 from hookscope.callbacks.loggers.metrics import read_metrics
 
@@ -96,9 +97,10 @@ pre { background: var(--panel); padding: 10px; border-radius: 8px; overflow: aut
 """
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Build ``run_dir/report.html`` from the run folder's files and return its path."""
-    run_dir = Path(run_dir)
+@renamed_keywords(run_dir="path")
+def write_report(path: str | Path) -> Path:
+    """Build ``path/report.html`` from the files of the run folder ``path`` and return its path."""
+    run_dir = Path(path)
     config = _read_json(run_dir / "config.json", {})
     rows = read_metrics(run_dir)
     summary = _read_json(run_dir / "summary.json", {})
@@ -122,9 +124,9 @@ def write_report(run_dir: str | Path) -> Path:
     return atomic_write_text(run_dir / REPORT, page)
 
 
-def write_feature_map_index(folder: str | Path, layers: Iterable[tuple[str, str, str]], title: str) -> Path:
-    """Write ``folder/index.html`` listing ``(layer name, png file name, shape)`` grids next to it."""
-    folder = Path(folder)
+def write_feature_map_index(path: str | Path, layers: Iterable[tuple[str, str, str]], title: str) -> Path:
+    """Write ``path/index.html`` listing ``(layer name, png file name, shape)`` grids next to it."""
+    folder = Path(path)
     figures = [
         f'<figure><img src="{html.escape(png)}" alt="feature maps of {html.escape(name)}">'
         f"<figcaption><code>{html.escape(name)}</code> output {html.escape(shape)}</figcaption></figure>"

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hookscope._deprecation import renamed_keywords
 from hookscope.atomic import atomic_write_text
 from hookscope.train.callback import Callback
 
@@ -27,8 +28,8 @@ LEADING_COLUMNS = ("kind", "epoch", "step")
 class MetricsLogger(Callback):
     """Log per-epoch metrics (from ``learn.recorder.history``) and every ``every``-th training step.
 
-    ``folder`` receives ``metrics.csv`` and ``metrics.jsonl``. ``every`` bounds the rate of step rows;
-    ``every=0`` logs epochs only. In a long epoch the files are also rewritten every ``flush_rows`` step
+    The folder ``path`` receives ``metrics.csv`` and ``metrics.jsonl``. ``every`` bounds the rate of step
+    rows; ``every=0`` logs epochs only. In a long epoch the files are also rewritten every ``flush_rows`` step
     rows, so a live run can be followed (one transfer per ``every * flush_rows`` steps).
     """
 
@@ -36,13 +37,14 @@ class MetricsLogger(Callback):
     run_valid = False
     run_during_sweep = False  # an lr_find sweep's steps are not the run's
 
-    def __init__(self, folder: str | Path, every: int = 10, flush_rows: int = 50) -> None:
+    @renamed_keywords(folder="path")
+    def __init__(self, path: str | Path, every: int = 10, flush_rows: int = 50) -> None:
         if every < 0 or flush_rows < 1:
             raise ValueError(
                 f"MetricsLogger: every={every}, flush_rows={flush_rows}; use every >= 0 (0 logs epochs only) "
                 "and flush_rows >= 1"
             )
-        self.folder = Path(folder)
+        self.folder = Path(path)
         self.every = every
         self.flush_rows = flush_rows
         self.rows: list[dict[str, Any]] = []
@@ -100,12 +102,13 @@ class MetricsLogger(Callback):
         self._pending = []
 
 
-def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``folder/metrics.jsonl`` (empty when the file does not exist)."""
-    path = Path(folder) / "metrics.jsonl"
-    if not path.is_file():
+@renamed_keywords(folder="path")
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``path/metrics.jsonl`` (empty when the file does not exist)."""
+    file = Path(path) / "metrics.jsonl"
+    if not file.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _to_csv(rows: list[dict[str, Any]]) -> str:
@@ -126,10 +129,11 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 class CSVLogger(MetricsLogger):
     """fastai's name for the CSV logger (``learn.csv_logger``): a :class:`MetricsLogger` writing
-    ``metrics.csv`` and ``metrics.jsonl`` into ``folder``, the working directory by default."""
+    ``metrics.csv`` and ``metrics.jsonl`` into ``path``, the working directory by default."""
 
-    def __init__(self, folder: str | Path = ".", every: int = 10, flush_rows: int = 50) -> None:
-        super().__init__(folder, every=every, flush_rows=flush_rows)
+    @renamed_keywords(folder="path")
+    def __init__(self, path: str | Path = ".", every: int = 10, flush_rows: int = 50) -> None:
+        super().__init__(path, every=every, flush_rows=flush_rows)
 
     def read_log(self) -> Any:
         """The logged rows as a pandas DataFrame, as fastai's ``read_log()`` returns them."""

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from hookscope.doctor.record_types import ParamRecord, StepStats
+from hookscope.hooks.batch import split_batch
 from hookscope.hooks.stats import TensorStats
 from hookscope.hooks.tensors import map_tensors
-from hookscope.train.learner import split_batch
 
 Rows = dict[int, dict[str, float]]  # step -> {key: value}
 

@@ -6,6 +6,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
+from hookscope.train.events import (
+    CancelEpochException,
+    CancelFitException,
+    CancelTrainException,
+    CancelValidException,
+)
 
 
 def _learner(n=40, batch_size=8, valid=True, metrics=(), **kwargs):
@@ -149,7 +155,7 @@ class _StopAtStep(hs.Callback):
 
     def after_batch(self):
         if self.learn.training_step == self.step:
-            raise hs.CancelFitException()
+            raise CancelFitException()
 
 
 def test_a_run_resumed_mid_epoch_records_what_the_uninterrupted_run_records(tmp_path):
@@ -195,7 +201,7 @@ def test_an_epoch_cancelled_before_the_recorder_sees_it_gets_a_nan_row():
 
         def before_epoch(self):
             if self.learn.epoch % 2:
-                raise hs.CancelEpochException()
+                raise CancelEpochException()
 
     learn = _learner(cbs=[SkipOddEpochs()])
     learn.fit(3)
@@ -210,7 +216,7 @@ class _SkipSecondTraining(hs.Callback):
 
     def before_train(self):
         if self.learn.epoch == 1:
-            raise hs.CancelTrainException()
+            raise CancelTrainException()
 
 
 class _SkipSecondValidation(hs.Callback):
@@ -218,7 +224,7 @@ class _SkipSecondValidation(hs.Callback):
 
     def before_validate(self):
         if self.learn.epoch == 1:
-            raise hs.CancelValidException()
+            raise CancelValidException()
 
 
 @pytest.mark.parametrize(

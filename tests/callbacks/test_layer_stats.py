@@ -6,6 +6,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks.layer_stats import ActivationStats, GradientStats, ParamRecord, StepStats
+from hookscope.hooks.select import leaves
+from hookscope.train.events import CancelStepException
 
 
 def loaders(n: int = 48, batch: int = 8, seed: int = 0) -> tuple[DataLoader, DataLoader]:
@@ -208,7 +210,7 @@ def test_a_cancelled_step_has_no_update_ratio():
         def before_step(self) -> None:
             if not self.skipped:
                 self.skipped = True
-                raise hs.CancelStepException()
+                raise CancelStepException()
 
     grads = GradientStats(output_grads=False)
     learn = learner(small_cnn(), grads, SkipStep())
@@ -225,6 +227,21 @@ def test_gradient_stats_record_parameters_only_unless_output_grads_are_asked_for
     learner(model, grads).fit(1)
     assert grads.history == {}
     assert len(grads.param_history["0.weight"]) == len(grads.param_history["4.bias"]) > 0
+
+
+def test_select_none_is_the_default_set_and_leaves_watches_every_leaf():
+    default, explicit, every_leaf = (
+        ActivationStats(),
+        ActivationStats(select=None),
+        ActivationStats(select=leaves),
+    )
+    for acts in (default, explicit, every_leaf):
+        learner(small_cnn(), acts).fit(1)
+    assert list(default.history) == list(explicit.history) == ["0", "1", "4"]  # the layers with parameters
+    assert list(every_leaf.history) == ["0", "1", "2", "3", "4"]  # ReLU and Flatten too
+    grads = GradientStats(select=None, output_grads=True)
+    learner(small_cnn(), grads).fit(1)
+    assert list(grads.history) == ["0", "1", "4"]
 
 
 def test_callbacks_are_reachable_by_name_and_exported():

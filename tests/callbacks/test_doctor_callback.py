@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import hookscope as hs
+from hookscope.doctor.findings import Finding
 
 
 def _dead_mlp():
@@ -66,7 +67,7 @@ def test_diagnose_a_model_leaves_it_untouched():
     x, y = next(iter(digits_flat().train))
     findings = hs.diagnose(model, (x, y), steps=5, loss_func=nn.CrossEntropyLoss(), quiet=True)
     assert any(f.kind == "dead_units" and f.module == "3" for f in findings)
-    assert all(isinstance(f, hs.Finding) for f in findings)
+    assert all(isinstance(f, Finding) for f in findings)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
