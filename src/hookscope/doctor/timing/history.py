@@ -77,7 +77,10 @@ class Blocks:
             self._halve()
 
     def _halve(self) -> None:
-        pairs = range(0, len(self.means) - 1, 2)
+        if len(self.means) % 2:  # the unpaired last block stays open, to be filled to the new stride
+            self._open_step, self._open_n = self.first_steps.pop(), self.stride
+            self._open_sum = self.means.pop() * self.stride
+        pairs = range(0, len(self.means), 2)
         self.means = [(self.means[i] + self.means[i + 1]) / 2 for i in pairs]
         self.first_steps = [self.first_steps[i] for i in pairs]
         self.stride *= 2
@@ -88,10 +91,14 @@ class Blocks:
             "stride": self.stride,
             "first_steps": torch.tensor(self.first_steps, dtype=torch.int64),
             "means": torch.from_numpy(means),
+            "open": [-1 if self._open_step is None else self._open_step, self._open_n],
+            "open_sum": torch.from_numpy(self._open_sum.copy()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stride = int(state["stride"])
         self.first_steps = state["first_steps"].tolist()
         self.means = list(state["means"].numpy())
-        self._open_step, self._open_sum, self._open_n = None, np.zeros(self.width), 0
+        step, self._open_n = state["open"]
+        self._open_step = None if step < 0 else step
+        self._open_sum = state["open_sum"].numpy().copy()
