@@ -96,7 +96,7 @@ def test_validation_between_steps_belongs_to_no_step():
     model.train()
     train(model, opt, feed, loader, 2)
     feed.close()
-    steps, rows = feed.recorder.recent.view()
+    _, rows = feed.recorder.recent.view()
     valid = rows[:, COLUMNS.index("valid")]
     assert valid[3] >= 0.1 and rows[3, COLUMNS.index("data")] < 0.05
     assert valid[[0, 1, 2, 4]].sum() == 0
@@ -148,7 +148,7 @@ def test_on_cuda_events_time_the_steps_and_are_reused():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     feed = Feed(model, opt, warmup=0)
     x, y = torch.randn(32, 1, 16, 16, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
-    for step in range(200):
+    for _ in range(200):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         feed.log(loss)
