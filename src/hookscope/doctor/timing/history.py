@@ -28,11 +28,10 @@ class Ring:
         self._steps[slot], self._rows[slot] = step, row
         self.count += 1
 
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, rows) of the rows kept, oldest first (copies)."""
-        if self.count <= self.size:
-            return self._steps[: self.count].copy(), self._rows[: self.count].copy()
-        order = np.roll(np.arange(self.size), -(self.count % self.size))
+    def view(self, last: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, rows) of the rows kept (the ``last`` ones), oldest first (copies)."""
+        kept = min(self.count, self.size, self.size if last is None else last)
+        order = np.arange(self.count - kept, self.count) % self.size
         return self._steps[order], self._rows[order]
 
     def state_dict(self) -> dict[str, Any]:

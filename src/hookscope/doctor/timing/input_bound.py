@@ -33,10 +33,12 @@ def input_bound(
         return None
     totals = rows[:, :STEP_PHASES].sum(axis=1)
     waits = rows[:, DATA]
-    share = float(np.median(waits / np.maximum(totals, 1e-12)))
-    wait, total = float(np.median(waits)), float(np.median(totals))
-    if share < min_share or wait < MIN_WAIT:
+    shares = waits / np.maximum(totals, 1e-12)
+    if not _holds(shares, waits, min_share):
         return None
+    share = float(np.median(shares))
+    wait, total = float(np.median(waits)), float(np.median(totals))
+    clear = next(k for k in range(MIN_STEPS, len(steps) + 1) if _holds(shares[:k], waits[:k], min_share))
     where = "the device stands idle" if cuda else "the training loop stands still"
     message = (
         f"waiting for data takes {share:.0%} of each training step (median {_ms(wait)} of {_ms(total)}, "
@@ -58,7 +60,11 @@ def input_bound(
         "cores": cores,
         "loader": loader.describe() if loader is not None else None,
     }
-    return Finding("input_bound", "", int(steps[-1]), "warning", message, evidence)
+    return Finding("input_bound", "", int(steps[clear - 1]), "warning", message, evidence)
+
+
+def _holds(shares: np.ndarray, waits: np.ndarray, min_share: float) -> bool:
+    return float(np.median(shares)) >= min_share and float(np.median(waits)) >= MIN_WAIT
 
 
 def _ms(seconds: float) -> str:

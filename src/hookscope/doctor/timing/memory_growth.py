@@ -61,6 +61,7 @@ def memory_growth(steps: np.ndarray, values: np.ndarray, what: str, where: str, 
     start = growth_start(steps, values)
     if start is None:
         return None
+    clear = _clear_at(steps, values, start)
     fit = slice(max(start, len(steps) - FIT), len(steps))
     rate = robust_slope(steps[fit], values[fit])
     since, now, last = int(steps[start]), float(values[-1]), int(steps[-1])
@@ -75,7 +76,16 @@ def memory_growth(steps: np.ndarray, values: np.ndarray, what: str, where: str, 
         reach = last + int((total - now) / rate)
         message += f" At this rate it reaches {where} {_size(total)} around step {reach:,}."
         evidence["runs_out_at"] = reach
-    return Finding("memory_growth", "", last, "warning", message, evidence)
+    return Finding("memory_growth", "", clear, "warning", message, evidence)
+
+
+def _clear_at(steps: np.ndarray, values: np.ndarray, start: int) -> int:
+    """The step of the first sample at which the growth since ``start`` was already found (the rules
+    run now and then: the finding is named by the step it became clear at)."""
+    for end in range(start + SEGMENT * SEGMENTS, len(steps)):
+        if growth_start(steps[:end], values[:end]) is not None:
+            return int(steps[end - 1])
+    return int(steps[-1])
 
 
 def _size(n: float) -> str:

@@ -42,7 +42,9 @@ from hookscope.doctor.timing.stalls import StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
 
-RECENT = 1024  # steps the rules read, one by one
+RECENT = 1024  # steps kept one by one: the stalls' share of the time is counted over them
+BASELINE = 256  # the recent steps a new step is judged against, and input_bound reads
+RULES_EVERY = 50  # steps read between two runs of the rules (a check's cost stays small)
 MEMORY_RECENT = 256  # memory samples the rule reads
 HISTORY = 1000  # rows of the run's thinned history
 
@@ -70,6 +72,8 @@ class TimingRecorder:
         self.stalls = StallDetector()
         self.memory: MemoryProbe | None = None
         self.steps_read = 0  # steps whose times reached the host
+        self._ruled_at: int | None = None  # steps_read when the rules last ran
+        self._closed = False
         self._clock: HostClock | CudaClock = HostClock()
         self._gc = GcTime()
         self._hooks = HookSet()
@@ -97,7 +101,7 @@ class TimingRecorder:
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
         self._gc.take()
-        self._phase = DATA
+        self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
         """The training DataLoader: ``input_bound`` names its settings, ``step_stalls`` its epoch length."""
@@ -157,6 +161,7 @@ class TimingRecorder:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
         self._hooks.remove()
         self._gc.stop()
+        self._closed = True
         self.flush(wait=True)
 
     def fail(self) -> None:
@@ -178,17 +183,23 @@ class TimingRecorder:
                 self.recent.add(step, row)
                 new += 1
         if new:
-            steps, table = self.recent.view()
-            self.stalls.judge(steps, table, new, self._notes)
+            steps, table = self.recent.view(BASELINE)
+            self.stalls.judge(steps, table, min(new, len(steps)), self._notes)
             oldest = int(steps[0])
             self._notes = {s: n for s, n in self._notes.items() if s >= oldest}
 
     def findings(self) -> list[Finding]:
-        """Read what is pending, run the rules and return the findings not returned before."""
+        """Read what is pending, run the rules and return the findings not returned before. The rules
+        run once :data:`RULES_EVERY` steps were read since their last run, and after :meth:`close`."""
         self.flush()
+        if self._ruled_at is not None and self.steps_read - self._ruled_at < RULES_EVERY and not self._closed:
+            return []
+        self._ruled_at = self.steps_read
         steps, rows = self.recent.view()
         found = [
-            input_bound(steps, rows, self.loader, usable_cores(), self.device.type == "cuda"),
+            input_bound(
+                steps[-BASELINE:], rows[-BASELINE:], self.loader, usable_cores(), self.device.type == "cuda"
+            ),
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
         ]
