@@ -45,6 +45,7 @@ class CudaClock:
         self.pool = EventPool()
         self._start = self._record()  # the end of the previous step: the first event of the next one
         self._marks: list[tuple[int, torch.cuda.Event]] = []
+        self._ready: list[tuple[int, np.ndarray]] = []  # read early to keep the pending steps bounded
         self._pending: deque[tuple[int, float, torch.cuda.Event, list[tuple[int, torch.cuda.Event]]]] = (
             deque()
         )
@@ -62,14 +63,14 @@ class CudaClock:
         self._start = marks[-1][1]
         while len(self._pending) > self.max_pending:
             self._pending[0][3][-1][1].synchronize()  # bounded: wait for the oldest rather than pile up
-            self._read_one()
+            self._ready.append(self._read_one())
 
     def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:
         """The rows of the closed steps the device has finished, oldest first; ``wait``: all of them
         (one synchronisation, at the end of a run or for a checkpoint)."""
         if wait and self._pending:
             self._pending[-1][3][-1][1].synchronize()
-        rows = []
+        rows, self._ready = self._ready, []
         while self._pending and self._pending[0][3][-1][1].query():
             rows.append(self._read_one())
         return rows

@@ -19,16 +19,20 @@ class HostClock:
     def __init__(self) -> None:
         self._row = [0.0] * len(COLUMNS)  # a list: adding to it costs less than to an array
         self._last = time.perf_counter()
+        self._marked = False
         self._done: list[tuple[int, np.ndarray]] = []
 
     def mark(self, ended: int) -> None:
         """Phase ``ended`` ends now."""
         now = time.perf_counter()
         self._row[ended] += now - self._last
-        self._last = now
+        self._last, self._marked = now, True
 
     def close(self, step: int, gc_seconds: float) -> None:
-        """The step ``step`` ended (its last phase was marked just before)."""
+        """The step ``step`` ended (its last phase was marked just before; nothing marked: no step)."""
+        if not self._marked:
+            return
+        self._marked = False
         row, self._row = np.array(self._row), [0.0] * len(COLUMNS)
         row[-1] = gc_seconds
         self._done.append((step, row))

@@ -60,7 +60,8 @@ class TimingRecorder:
                 f"TimingRecorder: warmup={warmup}, memory_every={memory_every}; use warmup >= 0 and "
                 "memory_every >= 1 (or None)"
             )
-        self.warmup, self.memory_every = warmup, memory_every
+        self.warmup, self.memory_every_asked = warmup, memory_every
+        self.memory_every = memory_every or 1
         self.loader: LoaderSettings | None = None
         self.epoch_length: int | None = None
         self.watch_loader(loader)
@@ -80,7 +81,8 @@ class TimingRecorder:
         self._phase = DATA
         self._step = 0
         self._forward_seen = False  # the root forward's hooks fire: they, not begin_batch, start it
-        self._notes: dict[int, tuple[str, ...]] = {}
+        self._notes: dict[int, tuple[str, ...]] = {}  # per step: what the loop noted in it
+        self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
         self._reported: set[str] = set()
 
     # ---- feed ----------------------------------------------------------------------------------------
@@ -95,8 +97,7 @@ class TimingRecorder:
         if self.memory is not None:
             self.memory.close()
         self.memory = MemoryProbe(self.device)
-        if self.memory_every is None:
-            self.memory_every = 1 if self.device.type == "cuda" else 4
+        self.memory_every = self.memory_every_asked or (1 if self.device.type == "cuda" else 4)
         self._hooks.forward_pre(model, self._forward_starts)
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
@@ -114,8 +115,9 @@ class TimingRecorder:
             self.epoch_length = None
 
     def note(self, event: str) -> None:
-        """Something named ``event`` runs in this step (a checkpoint save): a stall in it names it."""
-        self._notes[self._step] = (*self._notes.get(self._step, ()), event)
+        """Something named ``event`` runs now (a checkpoint save): the step whose time holds it — the
+        one that ends next — names it if it stalls."""
+        self._open_notes = (*self._open_notes, event)
 
     def begin_batch(self, step: int, training: bool, recorded: bool = True) -> None:
         """A batch starts. Where the root forward's hooks do not fire, a training batch's forward starts
@@ -148,7 +150,9 @@ class TimingRecorder:
         """The training step ends: close its row; sample memory every ``memory_every`` steps."""
         self._switch(DATA)
         self._clock.close(self._step, self._gc.take())
-        if self.memory is not None and self._step % (self.memory_every or 1) == 0:
+        if self._open_notes:
+            self._notes[self._step], self._open_notes = self._open_notes, ()
+        if self.memory is not None and self._step % self.memory_every == 0:
             self._take_memory(self._step, self.memory.read())
 
     def begin_valid(self) -> None:
