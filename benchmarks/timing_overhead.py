@@ -12,12 +12,19 @@ times the same loop with a model that costs almost nothing (a linear layer on a 
 steps): the difference per step is the recorder's own cost, which the first table's CNN step then puts
 in proportion.
 
+glibc's allocator moves its mmap threshold as large blocks are freed, so the same loop can spend ~4 ms
+per CNN step in page faults or none, depending on what else the process allocated before (the
+recorder's numpy arrays shift it: the loop with the recorder then measures ~15% *faster*). The benchmark
+fixes the threshold (``mallopt``) so both variants run under the same allocator state.
+
     python benchmarks/timing_overhead.py --clock cpu   # full run (CPU time: steadier on a busy machine)
     python benchmarks/timing_overhead.py --quick       # smoke test
 """
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Callable
 
 import torch
@@ -74,8 +81,19 @@ def train(
     return (clock() - start) / steps
 
 
+def steady_malloc() -> None:
+    """Fix glibc's mmap and trim thresholds (64 MB, 256 MB): no moving allocator state between variants."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 64 << 20)
+    libc.mallopt(m_trim_threshold, 256 << 20)
+
+
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
+    steady_malloc()
     torch.set_num_threads(1)
     rounds = 1 if args.quick else args.rounds
     data = batches(50)

@@ -8,11 +8,14 @@ import time
 
 import pytest
 import torch
-from timing_loops import Feed, cnn, in_memory, run, stall_every, train
+from timing_loops import Feed, SlowImages, cnn, in_memory, run, stall_every, train
 from torch import nn
+from torch.utils.data import DataLoader
 
+from hookscope import Learner
 from hookscope.doctor.timing import TimingRecorder
 from hookscope.doctor.timing.phases import COLUMNS, STEP_PHASES
+from hookscope.train.callback import Callback
 
 
 class Sleepy(nn.Module):
@@ -161,3 +164,53 @@ def test_on_cuda_events_time_the_steps_and_are_reused():
     assert feed.recorder._clock.pool.made < 100  # read every 10 steps: the pool holds a few steps' events
     _, memory = feed.recorder.memory_recent.view()
     assert memory[-1, 0] == torch.cuda.memory_allocated()
+
+
+class TimingFeed(Callback):
+    """The Learner's events to a TimingRecorder, in the order the Doctor callback feeds its engine."""
+
+    def __init__(self, recorder, loader):
+        self.recorder, self.loader = recorder, loader
+
+    def before_fit(self):
+        self.recorder.attach(self.learn.model, loader=self.loader)
+
+    def before_batch(self):
+        self.recorder.begin_batch(self.learn.training_step, self.learn.training)
+
+    def after_loss(self):
+        self.recorder.log_loss(self.learn.loss, self.learn.training)
+
+    def before_step(self):
+        self.recorder.gradients_ready()
+
+    def after_step(self):
+        self.recorder.step_done()
+
+    def before_validate(self):
+        self.recorder.begin_valid()
+
+    def after_validate(self):
+        self.recorder.end_valid(self.learn.training_step)
+
+    def after_batch(self):
+        if self.learn.training:
+            self.recorder.end_batch()
+
+    def after_fit(self):
+        self.recorder.close()
+
+
+def test_in_the_learner_the_loader_is_data_and_validation_belongs_to_no_step():
+    train_dl = DataLoader(SlowImages(delay=0.01 / 32, n=256), batch_size=32)  # ~10 ms per batch
+    valid_dl = DataLoader(SlowImages(delay=0.02 / 32, n=64), batch_size=32)  # ~20 ms per batch
+    recorder = TimingRecorder(warmup=0)
+    learn = Learner(cnn(), (train_dl, valid_dl), nn.CrossEntropyLoss(), cbs=[TimingFeed(recorder, train_dl)])
+    learn.fit(2)
+    steps, rows = recorder.recent.view()
+    assert steps.tolist() == list(range(16))
+    data, valid = rows[:, COLUMNS.index("data")], rows[:, COLUMNS.index("valid")]
+    assert (data[1:] >= 0.01).all() and (data[1:] < 0.05).all()  # step 0's forward begins at begin_batch
+    # the first validation is timed in the row of the step after it; the last one has no step after it
+    assert valid[8] >= 0.04 and valid[[i for i in range(16) if i != 8]].sum() == 0
+    assert {f.kind for f in recorder.findings()} <= {"input_bound"}
