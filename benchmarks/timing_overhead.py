@@ -10,7 +10,8 @@ ratios. Target: at most 1.02x.
 The recorder's few microseconds are below the noise of a CNN step on a busy machine, so a second table
 times the same loop with a model that costs almost nothing (a linear layer on a 64-value crop, 2,000
 steps): the difference per step is the recorder's own cost, which the first table's CNN step then puts
-in proportion.
+in proportion. A last line times the recorder's feed calls alone (no model, no hooks dispatched by
+PyTorch): its own host work per step, with and without the checks.
 
 glibc's allocator moves its mmap threshold as large blocks are freed, so the same loop can spend ~4 ms
 per CNN step in page faults or none, depending on what else the process allocated before (the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -81,6 +83,28 @@ def train(
     return (clock() - start) / steps
 
 
+def feed_calls(steps: int, checks: bool) -> float:
+    """Seconds per step of the recorder's feed calls alone, as its hooks and the loop make them."""
+    model, loss = nn.Linear(2, 2), torch.zeros(())
+    recorder = TimingRecorder()
+    recorder.attach(model)
+    recorder.begin_batch(0, training=True)
+    start = time.thread_time()
+    for step in range(steps):
+        recorder._forward_starts(model, ())
+        recorder._forward_ends(model, (), loss)
+        recorder.log_loss(loss, training=True)
+        recorder.gradients_ready()
+        recorder.step_done()
+        recorder.end_batch()
+        if checks and (step + 1) % CHECK_EVERY == 0:
+            recorder.findings()
+        recorder.begin_batch(step + 1, training=True)
+    seconds = (time.thread_time() - start) / steps
+    recorder.close()
+    return seconds
+
+
 def steady_malloc() -> None:
     """Fix glibc's mmap and trim thresholds (64 MB, 256 MB): no moving allocator state between variants."""
     if not sys.platform.startswith("linux"):
@@ -115,6 +139,12 @@ def main() -> None:
     extra = us["near-empty model"][VARIANT] - us["near-empty model"]["plain loop"]
     cnn_step = us["small CNN"]["plain loop"]
     print(f"the recorder's own cost: {extra:.1f} µs per step = {extra / cnn_step:.2%} of a small CNN step")
+    steps = 500 if args.quick else 5000
+    alone = {checks: median([feed_calls(steps, checks) for _ in range(rounds)]) * 1e6 for checks in (0, 1)}
+    print(
+        f"its feed calls alone (thread CPU time): {alone[0]:.1f} µs per step, "
+        f"{alone[1]:.1f} µs with the checks"
+    )
 
 
 if __name__ == "__main__":

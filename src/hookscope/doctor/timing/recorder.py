@@ -167,10 +167,14 @@ class TimingRecorder:
         self._gc.stop()
         self._closed = True
         self.flush(wait=True)
+        if self.memory is not None:
+            self.memory.close()
 
     def fail(self) -> None:
         self._hooks.remove()
         self._gc.stop()
+        if self.memory is not None:
+            self.memory.close()
 
     # ---- checking ------------------------------------------------------------------------------------
 

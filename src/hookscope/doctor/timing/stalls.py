@@ -2,7 +2,8 @@
 
 :class:`StallDetector` looks at every step once, as its row is read: a step is a stall when its time is
 above the recent steps' median by more than :data:`MADS` robust deviations (1.4826 x the median absolute
-deviation), at least :data:`FACTOR` times the median and at least :data:`MIN_EXCESS` longer. Each stall
+deviation), at least :data:`FACTOR` times the median and at least :data:`MIN_EXCESS` longer (the
+baseline is computed again every :data:`REBASE` steps). Each stall
 keeps what was running: the phase where its extra time went, the garbage collector's seconds in it
 (``gc.callbacks``) and the events the loop noted in it (``note("checkpoint")``).
 
@@ -32,6 +33,7 @@ SHARE = 0.1
 MIN_PERIODIC = 4
 PERIODIC_SHARE = 0.02
 KEPT = 512
+REBASE = 32  # new steps judged against one baseline before it is computed again
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,18 @@ class StallDetector:
     def __init__(self) -> None:
         self.stalls: deque[Stall] = deque(maxlen=KEPT)
         self.count = 0
+        self._baseline: tuple[float, float, np.ndarray] | None = None  # usual, limit, typical phases
+        self._judged = 0  # steps judged against it
 
     def judge(self, steps: np.ndarray, rows: np.ndarray, new: int, notes: dict[int, tuple[str, ...]]) -> None:
         """The last ``new`` of the recent ``steps``/``rows`` are read for the first time."""
         if len(steps) < MIN_BASELINE or new == 0:
             return
         totals = rows[:, :STEP_PHASES].sum(axis=1)
-        usual = float(np.median(totals))
-        spread = 1.4826 * float(np.median(np.abs(totals - usual)))
-        limit = max(usual + MADS * spread, FACTOR * usual, usual + MIN_EXCESS)
-        typical = np.median(rows[:, :STEP_PHASES], axis=0)
+        if self._baseline is None or self._judged >= REBASE:
+            self._baseline, self._judged = _baseline(totals, rows), 0
+        usual, limit, typical = self._baseline
+        self._judged += new
         for i in range(len(steps) - new, len(steps)):
             if totals[i] <= limit:
                 continue
@@ -85,6 +89,14 @@ class StallDetector:
             ),
             maxlen=KEPT,
         )
+
+
+def _baseline(totals: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The usual step time, the time above which a step stalled, and each phase's usual time."""
+    usual = float(np.median(totals))
+    spread = 1.4826 * float(np.median(np.abs(totals - usual)))
+    limit = max(usual + MADS * spread, FACTOR * usual, usual + MIN_EXCESS)
+    return usual, limit, np.median(rows[:, :STEP_PHASES], axis=0)
 
 
 def period(steps: list[int]) -> int | None:
