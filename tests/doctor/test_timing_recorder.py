@@ -60,7 +60,7 @@ def test_each_phase_gets_the_time_spent_in_it():
     expected = [0.020, 0.010, 0.015, 0.005, 0.008]
     for row in rows:
         for got, want in zip(row[:STEP_PHASES], expected, strict=True):
-            assert want <= got <= want + 0.015  # a sleep never ends early; a busy machine adds to it
+            assert want <= got <= want + 0.05  # a sleep never ends early; a busy machine adds to it
     assert recorder.steps_read == 4
 
 
