@@ -1,6 +1,7 @@
 """Plain training loops for the timing rules, and :class:`Feed`, which feeds a TimingRecorder from them the
 way ``hs.watch`` does (see ``protocol_loops.Feed``); the recorder hooks the model's root forward itself."""
 
+import mmap
 import time
 
 import numpy as np
@@ -100,16 +101,20 @@ def run(data, steps, every_step=None, on_forward=None, **options):
 
 class Leak:
     """Keeps a new buffer of ``mb`` megabytes (pages touched) at every call from step ``start`` on: a
-    leak in the loop; ``once``: only at step ``start`` (a cache filled once)."""
+    leak in the loop; ``once``: only at step ``start`` (a cache filled once). The buffers are mapped
+    afresh (``mmap``), so each adds to the resident memory even where the allocator holds memory that
+    earlier tests freed (it would fill that first, unseen by the resident size)."""
 
     def __init__(self, mb=2.0, start=0, once=False):
-        self.size = int(mb * (1 << 20)) // 8
+        self.size = int(mb * (1 << 20))
         self.start, self.once = start, once
         self.kept = []
 
     def __call__(self, step):
         if step == self.start or (step > self.start and not self.once):
-            self.kept.append(np.full(self.size, 1.0))
+            buffer = mmap.mmap(-1, self.size)
+            np.frombuffer(buffer, dtype=np.uint8)[:] = 1
+            self.kept.append(buffer)
 
 
 def stall_every(period, seconds):
