@@ -1,0 +1,49 @@
+"""Phase times on the host: one ``time.perf_counter`` per phase change, summed into the step's row.
+
+Used when the model runs on the CPU, where the host's clock is the computation's clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hookscope.doctor.timing.phases import COLUMNS
+
+
+class HostClock:
+    """Adds the time since the last mark to the phase that just ended; :meth:`close` hands the step's row
+    over and starts the next one."""
+
+    def __init__(self) -> None:
+        self._row = [0.0] * len(COLUMNS)  # a list: adding to it costs less than to an array
+        self._last = time.perf_counter()
+        self._marked = False
+        self._done: list[tuple[int, np.ndarray]] = []
+
+    def mark(self, ended: int) -> None:
+        """Phase ``ended`` ends now."""
+        now = time.perf_counter()
+        self._row[ended] += now - self._last
+        self._last, self._marked = now, True
+
+    def close(self, step: int, gc_seconds: float) -> None:
+        """The step ``step`` ended (its last phase was marked just before; nothing marked: no step)."""
+        if not self._marked:
+            return
+        self._marked = False
+        row, self._row = np.array(self._row), [0.0] * len(COLUMNS)
+        row[-1] = gc_seconds
+        self._done.append((step, row))
+
+    def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:
+        """The rows of the steps closed since the last take, oldest first (``wait``: nothing to wait
+        for on the host)."""
+        done, self._done = self._done, []
+        return done
+
+    def restart(self) -> None:
+        """Forget the time since the last mark (after a pause the loop did not tell us about)."""
+        self._last = time.perf_counter()
+        self._row = [0.0] * len(COLUMNS)

@@ -1,0 +1,220 @@
+"""``step_stalls``: single steps far slower than the others, periodic or not, and who was running.
+
+:class:`StallDetector` looks at every step once, as its row is read: a step is a stall when its time is
+above the recent steps' median by more than :data:`MADS` robust deviations (1.4826 x the median absolute
+deviation), at least :data:`FACTOR` times the median and at least :data:`MIN_EXCESS` longer (the
+baseline is computed again every :data:`REBASE` steps). Each stall
+keeps what was running: the phase where its extra time went, the garbage collector's seconds in it
+(``gc.callbacks``) and the events the loop noted in it (``note("checkpoint")``).
+
+:func:`step_stalls` reports them when they are periodic — :data:`MIN_PERIODIC` or more stalls, most gaps
+between them equal — and take at least :data:`PERIODIC_SHARE` of the time, or, not periodic, when
+:data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the recent steps). A
+busy machine's odd slow step stays below both.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hookscope.doctor.findings import Finding
+from hookscope.doctor.timing.phases import DATA, PHASES, STEP_PHASES
+
+MADS = 6.0
+FACTOR = 2.0
+MIN_EXCESS = 25e-3  # seconds: a busy machine preempts a process for a few ms at a time
+MIN_BASELINE = 16  # steps before the first judgement
+MIN_STALLS = 5
+SHARE = 0.1
+MIN_PERIODIC = 4
+PERIODIC_SHARE = 0.02
+KEPT = 512
+REBASE = 32  # new steps judged against one baseline before it is computed again
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One slow step: its time, the usual time then, where the extra time went, the collector's time
+    in it and what the loop noted in it."""
+
+    step: int
+    seconds: float
+    usual: float
+    phase: int
+    gc_seconds: float
+    notes: tuple[str, ...]
+
+
+class StallDetector:
+    """Judges each new step against the recent ones; keeps the last :data:`KEPT` stalls."""
+
+    def __init__(self) -> None:
+        self.stalls: deque[Stall] = deque(maxlen=KEPT)
+        self.count = 0
+        self._baseline: tuple[float, float, np.ndarray] | None = None  # usual, limit, typical phases
+        self._judged = 0  # steps judged against it
+
+    def judge(self, steps: np.ndarray, rows: np.ndarray, new: int, notes: dict[int, tuple[str, ...]]) -> None:
+        """The last ``new`` of the recent ``steps``/``rows`` are read for the first time."""
+        if len(steps) < MIN_BASELINE or new == 0:
+            return
+        totals = rows[:, :STEP_PHASES].sum(axis=1)
+        if self._baseline is None or self._judged >= REBASE:
+            self._baseline, self._judged = _baseline(totals, rows), 0
+        usual, limit, typical = self._baseline
+        self._judged += new
+        for i in range(len(steps) - new, len(steps)):
+            if totals[i] <= limit:
+                continue
+            step = int(steps[i])
+            phase = int(np.argmax(rows[i, :STEP_PHASES] - typical))
+            self.stalls.append(
+                Stall(step, float(totals[i]), usual, phase, float(rows[i, -1]), notes.get(step, ()))
+            )
+            self.count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "stalls": [list(s.__dict__.values()) for s in self.stalls]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = int(state["count"])
+        self.stalls = deque(
+            (
+                Stall(int(s), float(t), float(u), int(p), float(g), tuple(n))
+                for s, t, u, p, g, n in state["stalls"]
+            ),
+            maxlen=KEPT,
+        )
+
+
+def _baseline(totals: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The usual step time, the time above which a step stalled, and each phase's usual time."""
+    usual = float(np.median(totals))
+    spread = 1.4826 * float(np.median(np.abs(totals - usual)))
+    limit = max(usual + MADS * spread, FACTOR * usual, usual + MIN_EXCESS)
+    return usual, limit, np.median(rows[:, :STEP_PHASES], axis=0)
+
+
+def period(steps: list[int]) -> int | None:
+    """The gap that most gaps between ``steps`` share (within one step), when three quarters do."""
+    gaps = np.diff(steps)
+    if len(gaps) < MIN_PERIODIC - 1:
+        return None
+    common, _ = Counter(gaps.tolist()).most_common(1)[0]
+    close = int(np.sum(np.abs(gaps - common) <= 1))
+    return int(common) if common >= 2 and close >= 0.75 * len(gaps) else None
+
+
+def step_stalls(
+    stalls: list[Stall], steps: np.ndarray, rows: np.ndarray, epoch_length: int | None
+) -> Finding | None:
+    """The finding when the stalls among the recent ``steps`` are periodic or take much of the time."""
+    if not len(steps):
+        return None
+    recent = [s for s in stalls if s.step >= steps[0]]
+    if len(recent) < min(MIN_PERIODIC, MIN_STALLS):
+        return None
+    total_time = float(rows[:, :STEP_PHASES].sum())
+    extra = sum(s.seconds - s.usual for s in recent)
+    share = extra / max(total_time, 1e-12)
+    every = period([s.step for s in recent])
+    periodic = every is not None and len(recent) >= MIN_PERIODIC and share >= PERIODIC_SHARE
+    if not periodic and (len(recent) < MIN_STALLS or share < SHARE):
+        return None
+    return Finding(
+        "step_stalls",
+        "",
+        recent[-1].step,
+        "warning",
+        _message(recent, share, every, epoch_length, len(steps)),
+        _evidence(recent, share, every),
+    )
+
+
+def _message(
+    recent: list[Stall], share: float, every: int | None, epoch_length: int | None, seen: int
+) -> str:
+    n = len(recent)
+    seconds = float(np.median([s.seconds for s in recent]))
+    usual = float(np.median([s.usual for s in recent]))
+    when = f"every {every} steps" if every else "at irregular steps"
+    listed = ", ".join(str(s.step) for s in recent[:6]) + (", ..." if n > 6 else "")
+    text = (
+        f"{n} of the last {seen} steps stalled, {when} (steps {listed}): {_ms(seconds)} instead of the "
+        f"usual {_ms(usual)}, {share:.0%} of the time. "
+    )
+    phase = Counter(s.phase for s in recent).most_common(1)[0][0]
+    text += f"The extra time went to {_PHASE_WORDS[PHASES[phase]]}. "
+    running, fix = _who(recent, phase, every, epoch_length)
+    return text + running + fix
+
+
+def _who(recent: list[Stall], phase: int, every: int | None, epoch_length: int | None) -> tuple[str, str]:
+    """What was running in the stalls, and the usual fix for it."""
+    n = len(recent)
+    with_gc = sum(1 for s in recent if s.gc_seconds >= 0.5 * (s.seconds - s.usual))
+    noted = Counter(name for s in recent for name in set(s.notes))
+    if noted:
+        name, count = noted.most_common(1)[0]
+        return (
+            f"A {name} ran in {count} of the {n} stalls. ",
+            f"The usual fix: {name} less often, or in the background (torch.distributed.checkpoint."
+            "async_save for checkpoints), or to a faster disk.",
+        )
+    if with_gc >= n / 2:
+        return (
+            f"The garbage collector ran for most of the extra time in {with_gc} of the {n} stalls. ",
+            "The usual fix: gc.freeze() after building the model and data (the collector then skips "
+            "those objects), fewer Python objects made per step, or gc.disable() with a gc.collect() "
+            "at the end of each epoch.",
+        )
+    if every is not None and epoch_length is not None and abs(every - epoch_length) <= 1 and phase == DATA:
+        return (
+            f"The period is the loader's epoch ({epoch_length} batches): each epoch starts its data "
+            "pipeline again. ",
+            "The usual fix: persistent_workers=True (the workers stay between epochs) and a cheaper "
+            "dataset start-up (open files once).",
+        )
+    if every is not None:
+        return (
+            "Nothing the doctor sees was running then. ",
+            f"The usual cause: something the loop does every {every} steps (logging that reads the device, "
+            "evaluation, a checkpoint, a print of tensors); say so with note(name) around it, or profile "
+            "one such step with torch.profiler.",
+        )
+    return (
+        "Nothing the doctor sees was running then. ",
+        "The usual causes: another process on the machine, swapping, a slow disk under the loader, or "
+        "an occasional slow batch (a big file, a retry); profile a slow step with torch.profiler.",
+    )
+
+
+def _evidence(recent: list[Stall], share: float, every: int | None) -> dict[str, Any]:
+    return {
+        "stalls": len(recent),
+        "steps": [s.step for s in recent[:32]],
+        "period": every,
+        "stall_ms": round(float(np.median([s.seconds for s in recent])) * 1e3, 3),
+        "usual_ms": round(float(np.median([s.usual for s in recent])) * 1e3, 3),
+        "share": round(share, 4),
+        "phase": PHASES[Counter(s.phase for s in recent).most_common(1)[0][0]],
+        "gc_stalls": sum(1 for s in recent if s.gc_seconds >= 0.5 * (s.seconds - s.usual)),
+        "notes": dict(Counter(name for s in recent for name in set(s.notes))),
+    }
+
+
+_PHASE_WORDS = {
+    "data": "waiting for data (between two steps)",
+    "forward": "the forward",
+    "backward": "the loss and backward",
+    "optimizer": "the optimizer step",
+    "other": "the end of the step (after the optimizer)",
+}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

@@ -1,0 +1,76 @@
+"""step_stalls: a loop that stalls 0.3 s every 25th step is named with its period; the collector and a
+noted checkpoint are named when they run in the stalls; a healthy loop and a slow start are silent."""
+
+import gc
+import time
+
+import numpy as np
+import torch
+from timing_loops import Feed, cnn, in_memory, run, stall_every, train
+
+from hookscope.doctor.timing.stalls import period
+
+
+def test_a_periodic_stall_is_found_with_its_period():
+    found = {f.kind: f for f in run(in_memory(), 110, stall_every(25, 0.3)).close()}
+    assert set(found) == {"step_stalls"}
+    finding = found["step_stalls"]
+    assert finding.evidence["period"] == 25
+    assert finding.evidence["steps"] == [25, 50, 75, 100]
+    assert finding.step == 100  # the fourth stall makes the period clear
+    assert 290 <= finding.evidence["stall_ms"] <= 400
+    assert finding.evidence["phase"] == "data"
+    assert "every 25 steps" in finding.message
+
+
+def test_the_garbage_collector_is_named_when_it_runs_in_the_stalls():
+    garbage = []
+
+    def collect_every_25(step):
+        if step and step % 25 == 0:
+            for _ in range(300_000):  # cycles only the collector frees: a full collection is slow
+                a = []
+                a.append(a)
+            garbage.clear()
+            gc.collect()
+
+    found = {f.kind: f for f in run(in_memory(), 110, collect_every_25).close()}
+    finding = found["step_stalls"]
+    assert finding.evidence["gc_stalls"] >= 3
+    assert "garbage collector" in finding.message and "gc.freeze()" in finding.message
+
+
+def test_a_noted_checkpoint_is_named():
+    feed = None
+
+    def save_every_25(step):
+        if step and step % 25 == 0:
+            feed.recorder.note("checkpoint save")
+            time.sleep(0.2)
+
+    model = cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt)
+    train(model, opt, feed, in_memory(), 110, save_every_25)
+    finding = {f.kind: f for f in feed.close()}["step_stalls"]
+    assert finding.evidence["notes"] == {"checkpoint save": 4}
+    assert "checkpoint save ran in 4 of the 4 stalls" in finding.message
+
+
+def test_a_healthy_loop_and_a_slow_start_are_silent():
+    assert run(in_memory(), 150).close() == []
+
+    def slow_start(step):  # compilation, a cold cache: the first steps are slow
+        if step < 8:
+            time.sleep(0.2)
+
+    assert run(in_memory(), 100, slow_start).close() == []
+
+
+def test_period_reads_the_common_gap():
+    assert period([25, 50, 75, 100]) == 25
+    assert period([25, 50, 76, 100, 125]) == 25  # within a step
+    assert period([10, 50, 60, 130]) is None
+    assert period([25, 50]) is None  # two gaps are not yet a period
+    rng = np.random.default_rng(0)
+    assert period(sorted(rng.choice(1000, 8, replace=False).tolist())) is None
