@@ -54,7 +54,7 @@ class RepeatedBatch:
     """Fingerprints of each optimizer step's first input, and the longest run of equal ones."""
 
     def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
+        self.enabled = enabled  # off: training on one batch is the plan
         self.ring = DeviceRing(RING_ROWS, 2)
         self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
         self._taken = False  # this step's fingerprint is written
