@@ -3,11 +3,26 @@
 Findings are deduplicated by (kind, module) — whole-model kinds (:data:`ONCE_PER_RUN`) once per run —
 printed once on stderr (unless quiet, at most ``max_print``) and kept in order. A checkpoint keeps the
 log, so a resumed run repeats nothing.
+
+Cause before symptom: a mistake in the loop's protocol (:data:`EXPLAINS`: a missing ``zero_grad``, a
+collapsed learning-rate schedule, label-sorted data, graphs kept alive) shows in the numbers too — the
+loss diverges or oscillates, update ratios fall, the loss plateaus. The log ties each symptom to the
+first cause logged in the run whose kind explains it, in either order: the cause's ``explains`` lists
+the symptom's ``(kind, module)``, the cause is printed before the symptoms of its check, each symptom as
+an indented ``explains:`` line under it. There is no time window: these causes persist once they
+appear (nothing clears ``.grad`` at any later step; a collapse is reported only when the rate never
+recovered; sorted data stays sorted; kept graphs keep growing), so a symptom logged at any later
+check of the run is theirs; one logged before its cause (a collapse is named only once the run is ten
+times as long without its length, ``hs.watch``) was printed already, and the cause's line says it
+explains it.
+``findings`` keeps the order of appearance (a tracker reads it by position); the cause is updated in
+place, and :func:`~hookscope.doctor.findings.ranked` puts each cause's symptoms right after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from hookscope.doctor.findings import Finding
@@ -25,6 +40,13 @@ ONCE_PER_RUN = frozenset(
         "overfitting",
     }
 )
+# cause kind -> the symptom kinds it explains (memory_growth: the resource rule's kind)
+EXPLAINS = {
+    "stale_gradients": frozenset({"loss_divergence", "oscillating_loss"}),
+    "lr_schedule": frozenset({"update_ratio", "plateau"}),
+    "unshuffled_data": frozenset({"oscillating_loss", "plateau"}),
+    "graph_kept_alive": frozenset({"memory_growth"}),
+}
 _SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
@@ -46,12 +68,51 @@ class FindingLog:
                 continue
             self._seen.add(key)
             new.append(finding)
-        for finding in new:
+        new.sort(key=lambda f: f.kind not in EXPLAINS)  # causes first, each group in order
+        return [self._keep(finding) for finding in new]
+
+    def _keep(self, finding: Finding) -> Finding:
+        """Append ``finding``, tied to its cause or (a cause) to the symptoms logged before it; print it."""
+        cause = self._cause_of(finding)
+        if cause is not None:
+            self.findings[cause] = replace(
+                self.findings[cause], explains=(*self.findings[cause].explains, finding.key)
+            )
             self.findings.append(finding)
-            if not self.quiet and self._printed < self.max_print:
-                self._printed += 1
-                print_finding(finding)
-        return new
+            self._print(finding, explained_by=cause)
+            return finding
+        if finding.kind in EXPLAINS:
+            earlier = [f.key for f in self.findings if self._explains(finding, f)]
+            finding = replace(finding, explains=tuple(earlier))
+        self.findings.append(finding)
+        self._print(finding)
+        return finding
+
+    def _cause_of(self, symptom: Finding) -> int | None:
+        """The index of the first cause logged that explains ``symptom`` (None: no such cause)."""
+        return next((i for i, f in enumerate(self.findings) if self._explains(f, symptom)), None)
+
+    def _explains(self, cause: Finding, symptom: Finding) -> bool:
+        """Whether ``symptom``'s kind is one ``cause``'s explains and no other cause has claimed it."""
+        if symptom.kind not in EXPLAINS.get(cause.kind, ()):
+            return False
+        return not any(symptom.key in f.explains for f in self.findings)
+
+    def _print(self, finding: Finding, explained_by: int | None = None) -> None:
+        """The finding's line; a symptom's indented under its cause (``explained_by``: the cause's index),
+        naming the cause when other lines came between them."""
+        if self.quiet or self._printed >= self.max_print:
+            return
+        self._printed += 1
+        if explained_by is None:
+            print_finding(finding)
+            for kind, module in finding.explains:  # symptoms printed before their cause was found
+                print_line(f"  explains: {kind}{_where(module)} (above)", finding.severity)
+            return
+        cause = self.findings[explained_by]
+        between = self.findings[explained_by + 1 : -1]
+        under = "" if all(f.key in cause.explains for f in between) else f" (under {cause.kind} above)"
+        print_line(f"  explains{under}: {finding}", finding.severity)
 
     def is_new(self, finding: Finding) -> bool:
         """Whether :meth:`add` would keep ``finding`` (nothing of its kind and module logged yet)."""
@@ -78,11 +139,20 @@ class FindingLog:
 
 def print_finding(finding: Finding) -> None:
     """One finding on stderr, on one line, coloured by severity."""
+    print_line(str(finding), finding.severity)
+
+
+def print_line(text: str, severity: str) -> None:
+    """``Doctor <text>`` on stderr, on one line, coloured by ``severity``."""
     from rich.console import Console  # loaded on the first finding, not with hookscope
 
-    style = _SEVERITY_STYLE.get(finding.severity, "")
+    style = _SEVERITY_STYLE.get(severity, "")
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # one finding, one line, in any log
-    console.print(f"Doctor {finding}", style=style, markup=False)
+    console.print(f"Doctor {text}", style=style, markup=False)
+
+
+def _where(module: str) -> str:
+    return f" in `{module}`" if module else ""
 
 
 def _key(finding: Finding) -> tuple[str, str]:
