@@ -69,3 +69,15 @@ def test_a_symptom_belongs_to_one_cause_and_unrelated_kinds_to_none():
     assert stale.explains == (("oscillating_loss", ""),) and unshuffled.explains == ()
     log.add([_at("dead_units", "1", 3), _at("plateau", "", 50)])
     assert log.findings[1].explains == (("plateau", ""),) and log.findings[3].explains == ()
+
+
+def test_a_more_severe_finding_of_a_logged_kind_is_kept_a_milder_one_is_not():
+    log = FindingLog(quiet=True)
+    assert log.add([_at("unshuffled_data", "", 0, "info")]) != []  # the loader does not shuffle
+    assert log.add([_at("unshuffled_data", "", 12, "warning")]) != []  # the label mix is far off
+    assert log.add([_at("unshuffled_data", "", 20, "info"), _at("unshuffled_data", "", 30)]) == []
+    restored = FindingLog(quiet=True)
+    restored.load_state_dict(log.state_dict())
+    assert not restored.is_new(_at("unshuffled_data", "", 40)) and restored.is_new(
+        _at("unshuffled_data", "", 0, "error")
+    )

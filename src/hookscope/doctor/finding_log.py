@@ -1,8 +1,9 @@
 """The finding log: which findings the doctor keeps, which it prints, and which it already told.
 
 Findings are deduplicated by (kind, module) — whole-model kinds (:data:`ONCE_PER_RUN`) once per run —
-printed once on stderr (unless quiet, at most ``max_print``) and kept in order. A checkpoint keeps the
-log, so a resumed run repeats nothing.
+unless a later one is more severe (an ``info`` hint, then the evidence: the training loader does not
+shuffle, then the batches' label mix is far off), printed once on stderr (unless quiet, at most
+``max_print``) and kept in order. A checkpoint keeps the log, so a resumed run repeats nothing.
 
 Cause before symptom: a mistake in the loop's protocol (:data:`EXPLAINS`: a missing ``zero_grad``, a
 collapsed learning-rate schedule, label-sorted data, graphs kept alive) shows in the numbers too — the
@@ -25,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import SEVERITIES, Finding
 
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
 ONCE_PER_RUN = frozenset(
@@ -56,17 +57,16 @@ class FindingLog:
     def __init__(self, quiet: bool = False, max_print: int = 10) -> None:
         self.quiet, self.max_print = quiet, max_print
         self.findings: list[Finding] = []
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: dict[tuple[str, str], int] = {}  # key -> the highest severity rank logged
         self._printed = 0
 
     def add(self, found: Iterable[Finding]) -> list[Finding]:
         """Keep (and print, unless quiet) the findings not logged before; returns them."""
         new = []
         for finding in found:
-            key = _key(finding)
-            if key in self._seen:
+            if not self.is_new(finding):
                 continue
-            self._seen.add(key)
+            self._seen[_key(finding)] = _rank(finding)
             new.append(finding)
         new.sort(key=lambda f: f.kind not in EXPLAINS)  # causes first, each group in order
         return [self._keep(finding) for finding in new]
@@ -115,8 +115,9 @@ class FindingLog:
         print_line(f"  explains{under}: {finding}", finding.severity)
 
     def is_new(self, finding: Finding) -> bool:
-        """Whether :meth:`add` would keep ``finding`` (nothing of its kind and module logged yet)."""
-        return _key(finding) not in self._seen
+        """Whether :meth:`add` would keep ``finding`` (nothing of its kind and module logged yet at its
+        severity or above)."""
+        return _rank(finding) > self._seen.get(_key(finding), -1)
 
     def describe(self) -> str:
         """Every finding so far, one per line (or a line saying all is well)."""
@@ -127,13 +128,14 @@ class FindingLog:
     def state_dict(self) -> dict[str, Any]:
         return {
             "findings": [_plain(f.to_dict()) for f in self.findings],
-            "seen": [list(key) for key in sorted(self._seen)],
+            "seen": [[*key, rank] for key, rank in sorted(self._seen.items())],
             "printed": self._printed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.findings = [Finding(**f) for f in state["findings"]]
-        self._seen = {(kind, module) for kind, module in state["seen"]}
+        # an older log kept (kind, module) without a rank: logged at any severity
+        self._seen = {(seen[0], seen[1]): int(seen[2]) if len(seen) > 2 else 2 for seen in state["seen"]}
         self._printed = state["printed"]
 
 
@@ -158,6 +160,10 @@ def _where(module: str) -> str:
 def _key(finding: Finding) -> tuple[str, str]:
     """What deduplicates findings: the kind, and the module unless the kind is whole-model."""
     return (finding.kind, "" if finding.kind in ONCE_PER_RUN else finding.module)
+
+
+def _rank(finding: Finding) -> int:
+    return SEVERITIES.index(finding.severity) if finding.severity in SEVERITIES else 0
 
 
 def _plain(value: Any) -> Any:
