@@ -32,6 +32,8 @@ from faults import (
 from loops import LOOPS
 from torch import nn
 
+from hookscope.doctor.findings import ranked
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("deterministic")]
 
 OPTIONS = {"quiet": True, "check_every": 3, "guard": True}
@@ -125,12 +127,13 @@ def test_every_loop_gives_the_learners_diagnosis(loop: str, fault: str, tmp_path
         assert [f for f in found if f.severity != "info"] == [], [str(f) for f in found]
         return
     kind, module = case.expected
-    # the evidence, not a hint of the same kind (the Learner's info that its loader reads in order)
-    matching = [f for f in found if f.kind == kind and f.severity != "info"]
+    # the most severe: the evidence before a hint of the same kind (the Learner's info that its loader
+    # reads in order)
+    matching = ranked(f for f in found if f.kind == kind)
     assert matching, f"{loop}: no {kind} finding in {[str(f) for f in found]}"
     assert matching[0].module == module
     if fault not in _reference:
         _reference[fault] = findings_in("learner", case, tmp_path)
-    learner = next(f for f in _reference[fault] if f.kind == kind and f.severity != "info")
+    learner = ranked(f for f in _reference[fault] if f.kind == kind)[0]
     assert matching[0].step == learner.step
     assert matching[0].evidence.get("phase") == learner.evidence.get("phase")  # NaN: forward or backward

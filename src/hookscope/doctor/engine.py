@@ -186,7 +186,8 @@ class Engine:
 
     def log_target(self, target: Any, training: bool) -> None:
         """The batch's targets (class indices feed ``unshuffled_data``; one device copy, no host sync)."""
-        self.protocol.log_target(target, training)
+        if self.diagnose_enabled:
+            self.protocol.log_target(target, training)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
