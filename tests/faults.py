@@ -161,3 +161,74 @@ def frozen_mlp() -> nn.Sequential:
     model = mlp(depth=3)
     model[0].requires_grad_(False)
     return model
+
+
+# ---- mistakes of the loop around the model (issue 24): expressed through the model, data or optimizer,
+# so that every loop makes the same mistake ---------------------------------------------------------------
+
+
+def digits_sorted() -> hs.DataLoaders:
+    """The flattened training digits sorted by label, never shuffled: batches of one class after another."""
+    x, y, _, _ = digits_tensors()
+    order = torch.argsort(y, stable=True)
+    return hs.DataLoaders(DataLoader(TensorDataset(x.flatten(1)[order], y[order]), batch_size=64), None)
+
+
+def digits_one_batch() -> hs.DataLoaders:
+    """The first 64 flattened digits over and over: every batch is the same (`next(iter(loader))` inside
+    the loop)."""
+    x, y, _, _ = digits_tensors()
+    x, y = x.flatten(1)[:64].repeat(23, 1), y[:64].repeat(23)
+    return hs.DataLoaders(DataLoader(TensorDataset(x, y), batch_size=64), None)
+
+
+def dropout_mlp() -> nn.Sequential:
+    """A 3-layer MLP with dropout (a mode-dependent module)."""
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
+
+
+class StuckInEval(nn.Module):
+    """`model.eval()` left on: a dropout MLP that stays in eval mode whatever the loop asks (every loop
+    calls `model.train()` before training; this one ignores it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = dropout_mlp()
+        self.eval()
+
+    def train(self, mode: bool = True):
+        return super().train(False)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class KeepsOutputs(nn.Module):
+    """A list of predictions that still require grad: every forward's output is kept, graph and all."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp(depth=3)
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x):
+        out = self.net(x)
+        self.kept.append(out)
+        return out
+
+
+def without_zero_grad(opt_func=torch.optim.SGD):
+    """An ``opt_func`` whose optimizer's ``zero_grad`` does nothing: `optimizer.zero_grad()` missing."""
+
+    def make(params, lr):
+        optimizer = opt_func(params, lr=lr)
+        optimizer.zero_grad = lambda set_to_none=True: None
+        return optimizer
+
+    return make
+
+
+def step_lr_per_batch(optimizer):
+    """A StepLR built for epochs (a tenfold decay every epoch, here a hundredfold) stepped after every
+    batch: the learning rate collapses within a few steps."""
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.01)

@@ -4,7 +4,7 @@
         for x, y in loader:
             opt.zero_grad()
             loss = loss_func(model(x), y)
-            w.log(loss)               # optional: the loss rules (no host sync)
+            w.log(loss, target=y)     # optional: the loss rules, and the label mix (no host sync)
             loss.backward()
             opt.step()
     w.findings                        # the same Finding objects as learn.doctor.findings
@@ -17,6 +17,11 @@ optimizer step; ``GradScaler.step`` calls ``opt.step`` only after unscaling, so 
 unscaled, and a step it skips (inf gradients) never reaches the hooks, so it is not counted. Without an
 optimizer, the caller (a framework callback) calls :meth:`Watch.gradients_ready` and
 :meth:`Watch.step_done` itself.
+
+The mistakes of the loop around the model (a missing ``zero_grad``, training in eval mode, the same
+batch every step, graphs kept alive, a collapsing learning rate) are checked from the same hooks; the
+label mix of ``unshuffled_data`` needs the targets, given with ``w.log(loss, target=y)``. A loop that
+knows its length or its schedulers says so with :meth:`Watch.plan_run`.
 
 Only training forwards are recorded: a module in train mode with autograd on. Validation (``model.eval()``
 or ``torch.no_grad()``) is ignored; the Learner's Doctor diagnoses validation phases, a loop without
@@ -170,15 +175,35 @@ class Watch:
 
     # ---- what a loop calls ---------------------------------------------------------------------------
 
-    def log(self, loss: torch.Tensor) -> None:
-        """Feed this batch's loss to the loss rules (and the guard); stays on the device."""
+    def log(self, loss: torch.Tensor, target: Any = None) -> None:
+        """Feed this batch's loss to the loss rules (and the guard), and its ``target`` (class indices) to
+        the label-mix check of ``unshuffled_data``; both stay on the device."""
         if self._closed:
             return
         training = module_in_training(self.model)
         if self._engine is not None:
             self._engine.log_loss(loss, training)
+            if target is not None:
+                self._engine.log_target(target, training)
         if self._guard is not None and training:
             self._guard.loss(loss)
+
+    def plan_run(
+        self, total_steps: int | None = None, batches_per_epoch: int | None = None, schedulers: Any = ()
+    ) -> None:
+        """What the loop knows of the run ahead: its length in optimizer steps (without it, an early
+        learning-rate collapse is named once the run is ten times as long as the collapse is late),
+        batches per epoch (1 turns ``repeated_batch`` off: one batch per epoch repeats by design) and
+        its learning-rate schedulers, to name them in ``lr_schedule``."""
+        if self._engine is not None:
+            self._engine.plan_run(total_steps, batches_per_epoch, schedulers)
+
+    def follow_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer whose parameters and learning rates ``stale_gradients``, ``lr_schedule`` and
+        ``not_updated`` read, for a loop that calls :meth:`gradients_ready` and :meth:`step_done` itself
+        (the integrations); ``hs.watch(model, optimizer)`` follows its optimizer already."""
+        if self._engine is not None:
+            self._engine.watch_optimizer(optimizer)
 
     def gradients_ready(self) -> None:
         """The gradients are final (unscaled) for this optimizer step: check and read them now."""
@@ -239,6 +264,7 @@ class Watch:
         self._hooks.forward_pre(self.model, self._before_forward, with_kwargs=True)
         if self.optimizer is None:
             return
+        self.follow_optimizer(self.optimizer)
         self._hooks.add(self.optimizer.register_step_pre_hook(lambda *_: self.gradients_ready()))
         self._hooks.add(self.optimizer.register_step_post_hook(lambda *_: self.step_done()))
         for p in self._params:

@@ -40,7 +40,8 @@ def test_finding_to_dict_is_json_ready():
     learn = train_with_doctor(_dead_mlp(), steps=6)
     data = json.loads(json.dumps([f.to_dict() for f in learn.doctor.findings]))
     dead = next(d for d in data if d["kind"] == "dead_units")
-    assert set(dead) == {"kind", "module", "step", "severity", "message", "evidence"}
+    assert set(dead) == {"kind", "module", "step", "severity", "message", "evidence", "explains"}
+    assert dead["explains"] == []  # a symptom explains nothing; a cause lists its symptoms there
     assert dead["module"] == "3" and dead["evidence"]["dead_fraction"] == 1.0
 
 
@@ -94,12 +95,14 @@ class _HooksAtForward(hs.Callback):
     """How many forward hooks the model's modules hold as each batch's forward ends."""
 
     def __init__(self):
-        self.train, self.valid = {}, []
+        self.train, self.valid, self.root = {}, [], set()
 
     def after_pred(self):
-        count = sum(len(m._forward_hooks) for m in self.learn.model.modules())
+        layers = list(self.learn.model.modules())[1:]  # the model itself holds the protocol's hook
+        count = sum(len(m._forward_hooks) for m in layers)
         if self.learn.training:
             self.train[self.learn.training_step] = count
+            self.root.add(len(self.learn.model._forward_hooks))
         else:
             self.valid.append(count)
 
@@ -116,6 +119,7 @@ def test_between_recorded_steps_the_model_runs_without_the_doctors_hooks():
     assert recorded == [*range(10), 50]
     assert [step for step, count in seen.train.items() if count] == recorded
     assert len(seen.valid) == 3 * 6 and all(seen.valid)  # every validation phase is recorded
+    assert seen.root == {1}  # the loop-protocol checks' forward hook, at every step by design
     assert sum(len(m._forward_hooks) for m in learn.model.modules()) == 0
 
 
@@ -131,7 +135,8 @@ class _HooksInStep(hs.Callback):
         if not self.learn.training:
             return
         model = self.learn.model
-        self.forward[self.learn.training_step] = sum(len(m._forward_hooks) for m in model.modules())
+        layers = list(model.modules())[1:]  # the model itself holds the protocol's hook at every step
+        self.forward[self.learn.training_step] = sum(len(m._forward_hooks) for m in layers)
         self.saturation[self.learn.training_step] = len(model[-1]._forward_hooks)  # the Tanh
 
 

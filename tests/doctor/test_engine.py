@@ -17,9 +17,11 @@ def _dead_model():
 
 
 def _feed(engine, model, steps, x=None):
-    """What an adapter does per optimizer step, by hand; returns the findings of every check."""
+    """What an adapter does per optimizer step, by hand, on one batch (on purpose: the engine is told,
+    so repeated_batch stays off)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.rand(32, 8) if x is None else x
+    engine.plan_run(batches_per_epoch=1)
     for step in range(steps):
         engine.begin_batch(step, training=True)
         loss = model(x).square().mean()

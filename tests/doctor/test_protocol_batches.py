@@ -134,6 +134,7 @@ def test_regression_targets_are_skipped():
 def test_loader_not_shuffled():
     [finding] = loader_not_shuffled(digits(shuffle=False))
     assert (finding.kind, finding.evidence["sampler"]) == ("unshuffled_data", "SequentialSampler")
+    assert finding.severity == "info"  # a property of the loader; the label mix is the evidence
     assert "shuffle=True" in finding.message
     assert loader_not_shuffled(digits(shuffle=True)) == []
 

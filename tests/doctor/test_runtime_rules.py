@@ -89,9 +89,11 @@ def test_overfitting_needs_a_rising_validation_loss_and_a_falling_training_loss(
 
 
 def _train(engine, model, opt, steps, fault_at=None):
-    """A hand-written loop feeding ``engine``: ``fault_at`` kills every unit of the ReLU at that step."""
+    """A hand-written loop feeding ``engine`` one batch on purpose (it is told: no repeated_batch):
+    ``fault_at`` kills every unit of the ReLU at that step."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 8, generator=gen), torch.randint(0, 4, (32,), generator=gen)
+    engine.plan_run(batches_per_epoch=1)
     for step in range(steps):
         if step == fault_at:
             with torch.no_grad():

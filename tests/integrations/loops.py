@@ -2,7 +2,10 @@
 
 Each ``run_*`` trains ``model`` on ``loader``'s batches in order for ``steps`` optimizer steps with
 ``opt_func(params, lr=lr)`` and cross-entropy, with the doctor watching under ``options`` (those of
-``hs.watch``), and returns the findings. A NaN/Inf stopped by the guard ends a run early, as in the Learner.
+``hs.watch``), and returns the findings. ``scheduler``: a factory ``fn(optimizer)`` of a learning-rate
+scheduler stepped after every optimizer step, the way each loop does it (fastai has none: its schedules are
+its own callbacks). The plain loop gives the targets with ``w.log(loss, target=y)``. A NaN/Inf stopped by
+the guard ends a run early, as in the Learner.
 """
 
 from __future__ import annotations
@@ -25,46 +28,75 @@ from hookscope.doctor.findings import Finding
 from hookscope.watching import NonFiniteError
 
 OptFunc = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any] | None
 
 
 def run_learner(
-    model: nn.Module, loader: DataLoader, steps: int, lr: float, opt_func: OptFunc, **options: Any
+    model: nn.Module,
+    loader: DataLoader,
+    steps: int,
+    lr: float,
+    opt_func: OptFunc,
+    scheduler: SchedulerFactory = None,
+    **options: Any,
 ):
     """hookscope's Learner with its Doctor."""
     doctor = hs.callbacks.Doctor(**options)
-    learn = hs.Learner(
-        model, (loader, None), nn.CrossEntropyLoss(), opt_func, lr, cbs=[doctor], progress=False
-    )
+    cbs = [doctor] + ([hs.callbacks.LRScheduler(scheduler, interval="step")] if scheduler else [])
+    learn = hs.Learner(model, (loader, None), nn.CrossEntropyLoss(), opt_func, lr, cbs=cbs, progress=False)
     learn.fit(1, cbs=[StopAfter(steps)])
     return learn.doctor.findings
 
 
-def run_plain(model: nn.Module, loader: DataLoader, steps: int, lr: float, opt_func: OptFunc, **options: Any):
+def run_plain(
+    model: nn.Module,
+    loader: DataLoader,
+    steps: int,
+    lr: float,
+    opt_func: OptFunc,
+    scheduler: SchedulerFactory = None,
+    **options: Any,
+):
     """A hand-written loop under ``hs.watch(model, opt)``."""
     opt = opt_func(model.parameters(), lr=lr)
+    schedule = scheduler(opt) if scheduler else None
     with contextlib.suppress(NonFiniteError), hs.watch(model, opt, **options) as w:
         for x, y in itertools.islice(loader, steps):
             loss = F.cross_entropy(model(x), y)
-            w.log(loss)
+            w.log(loss, target=y)
             loss.backward()
             opt.step()
             opt.zero_grad()
+            if schedule is not None:
+                schedule.step()
     return w.findings
 
 
 class LitClassifier(pl.LightningModule):
     """A LightningModule holding the user's network as ``self.net`` (findings name ``0``, not ``net.0``)."""
 
-    def __init__(self, net: nn.Module, lr: float = 1e-3, opt_func: OptFunc = torch.optim.AdamW) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        lr: float = 1e-3,
+        opt_func: OptFunc = torch.optim.AdamW,
+        scheduler: SchedulerFactory = None,
+    ) -> None:
         super().__init__()
-        self.net, self.lr, self.opt_func = net, lr, opt_func
+        self.net, self.lr, self.opt_func, self.scheduler = net, lr, opt_func, scheduler
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         return F.cross_entropy(self.net(x), y)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.opt_func(self.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> Any:
+        optimizer = self.opt_func(self.parameters(), lr=self.lr)
+        if self.scheduler is None:
+            return optimizer
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "step"},
+        }
 
 
 def lightning_trainer(steps: int, callback: pl.Callback, **kwargs: Any) -> pl.Trainer:
@@ -82,14 +114,20 @@ def lightning_trainer(steps: int, callback: pl.Callback, **kwargs: Any) -> pl.Tr
 
 
 def run_lightning(
-    model: nn.Module, loader: DataLoader, steps: int, lr: float, opt_func: OptFunc, **options: Any
+    model: nn.Module,
+    loader: DataLoader,
+    steps: int,
+    lr: float,
+    opt_func: OptFunc,
+    scheduler: SchedulerFactory = None,
+    **options: Any,
 ):
     """Lightning's Trainer with hookscope's callback."""
     from hookscope.integrations.lightning import HookscopeCallback
 
     callback = HookscopeCallback(**options)
     with contextlib.suppress(NonFiniteError):
-        lightning_trainer(steps, callback).fit(LitClassifier(model, lr, opt_func), loader)
+        lightning_trainer(steps, callback).fit(LitClassifier(model, lr, opt_func, scheduler), loader)
     return callback.findings
 
 
@@ -176,6 +214,7 @@ def run_transformers(
     steps: int,
     lr: float,
     opt_func: OptFunc,
+    scheduler: SchedulerFactory = None,
     out: str = "",
     **options: Any,
 ):
@@ -186,12 +225,13 @@ def run_transformers(
 
     callback = HookscopeCallback(**options)
     wrapped = WithLoss(model)
+    optimizer = opt_func(wrapped.parameters(), lr=lr)
     args = hf_arguments(out, steps, loader.batch_size, lr, max_grad_norm=0.0)
     trainer = Trainer(
         model=wrapped,
         args=args,
         train_dataset=AsDicts(loader.dataset),
-        optimizers=(opt_func(wrapped.parameters(), lr=lr), None),
+        optimizers=(optimizer, scheduler(optimizer) if scheduler else None),
         callbacks=[callback],
     )
     try:

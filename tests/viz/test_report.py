@@ -145,3 +145,17 @@ def test_report_explains_missing_feature_maps_of_a_model_without_convs(tmp_path)
 def test_report_of_an_interrupted_run_says_it_is_unfinished(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"name": "x", "status": "running", "options": {}}))
     assert "unfinished run" in write_report(tmp_path).read_text()
+
+
+def test_a_causes_symptoms_are_shown_nested_under_it(tmp_path):
+    from hookscope.doctor.finding_log import FindingLog
+    from hookscope.doctor.findings import Finding, ranked
+
+    log = FindingLog(quiet=True)
+    log.add([Finding("loss_divergence", "", 5, "error", "the loss diverged")])
+    log.add([Finding("stale_gradients", "", 1, "error", "zero_grad is missing")])
+    (tmp_path / "findings.json").write_text(json.dumps([f.to_dict() for f in ranked(log.findings)]))
+    page = write_report(tmp_path).read_text()
+    cause, symptom = page.index("zero_grad is missing"), page.index("the loss diverged")
+    assert cause < symptom
+    assert "explained by <code>stale_gradients</code> above:</span> the loss diverged" in page

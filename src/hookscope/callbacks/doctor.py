@@ -7,7 +7,10 @@ and their printing), exactly as ``hs.watch`` and the integrations do from their 
 MixedPrecision unscales, before GradientClip clips: its ``order`` and ``run_after``/``run_before`` say so),
 ``after_step`` -> ``step_done``, ``after_cancel_step`` -> ``step_cancelled`` (or ``discard_batch`` when the
 step was cancelled before the gradients were final: a grad scaler skipped it), ``after_batch`` ->
-``end_batch``, the validation phases, ``after_fit`` -> ``close``, ``on_failure`` -> ``fail``. Every
+``end_batch``, the validation phases, ``after_fit`` -> ``close``, ``on_failure`` -> ``fail``; and what
+the loop knows that a hand-written one may not: the run's length, its batches per epoch and the
+scheduler callbacks (``plan_run``, at ``before_train``), each training batch's targets (``log_target``,
+at ``before_batch``), and whether the training loader shuffles (at the first ``before_fit``). Every
 ``check_every`` training steps (and once at the end) the engine reads everything pending in a few bulk
 transfers and applies the rules of :mod:`hookscope.doctor.rules`. New findings are printed once,
 deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
@@ -31,10 +34,13 @@ from torch import nn
 
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.layer_stats import LayerStatistics
+from hookscope.callbacks.schedule import LRScheduler, ParamScheduler
 from hookscope.doctor import rules
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.preflight import preflight, training_loader
+from hookscope.doctor.preflight.overlap import train_valid_overlap
+from hookscope.doctor.protocol import loader_not_shuffled
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
@@ -47,7 +53,9 @@ from hookscope.train.learner import Learner
 class Doctor(Callback):
     """Diagnoses a run: dead units, saturation, exploding/vanishing gradients, missing gradients,
     frozen or never-updated parameters, update ratios, loss divergence, oscillation and plateaus,
-    overfitting and NaN/Inf (with the blamed module and op).
+    overfitting and NaN/Inf (with the blamed module and op); and the mistakes of the loop around the
+    model: stale gradients, training in eval mode (or evaluating in train mode), the same batch every
+    step, unshuffled data, graphs kept alive and a collapsing learning-rate schedule.
 
     ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
     statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's
@@ -63,6 +71,8 @@ class Doctor(Callback):
     ``quiet=True`` only collects findings; ``max_print`` caps how many are printed per fit.
     ``preflight=True`` runs :func:`hookscope.preflight` at the first ``before_fit`` (not when resuming):
     its findings join the doctor's, and ``preflight_findings`` keeps them for the run folder.
+    ``overlap=True`` runs only its ``train_valid_overlap`` check there (validation samples that are copies
+    of training samples; ``preflight=True`` includes it).
     """
 
     order = 15
@@ -80,9 +90,11 @@ class Doctor(Callback):
         quiet: bool = False,
         max_print: int = 10,
         preflight: bool = False,
+        overlap: bool = False,
     ) -> None:
-        self.preflight = preflight
+        self.preflight, self.overlap = preflight, overlap
         self.preflight_findings: list[Finding] | None = None
+        self._started = False  # the first fit's data checks ran
         self.quiet = quiet
         self.engine = Engine(select, every, check_every, thresholds, quiet, max_print, owner="Doctor")
         # The loss and gradients catch every NaN/Inf that matters, and find_nonfinite names the module
@@ -126,15 +138,35 @@ class Doctor(Callback):
         self.engine.attach(self.learn.model)
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
-        if self.preflight and self.preflight_findings is None and self.learn.resumed_from is None:
+        if not self._started and self.learn.resumed_from is None:
+            self._check_data()
+        self._started = True
+
+    def _check_data(self) -> None:
+        """The first fresh fit: does the training loader shuffle; preflight or the overlap check."""
+        self.engine.add_findings(loader_not_shuffled(self.learn.dls.train))
+        if self.preflight:
             self._preflight()
+        elif self.overlap:
+            self.engine.add_findings(train_valid_overlap(self.learn.dls.train, self.learn.dls.valid))
 
     def before_train(self) -> None:
-        self.engine.watch_optimizer(self.learn.opt)
+        """The optimizer and the scheduler callbacks exist now (built at ``before_fit``)."""
+        learn = self.learn
+        self.engine.watch_optimizer(learn.opt)
+        total = _length(learn.dls.train)
+        self.engine.plan_run(
+            total_steps=learn.n_epoch * total if total is not None else None,
+            batches_per_epoch=total,
+            schedulers=_schedulers(learn.cbs),
+        )
 
     def before_batch(self) -> None:
         self._gradients_read = False
-        self.engine.begin_batch(self.learn.training_step, self.learn.training)
+        learn = self.learn
+        self.engine.begin_batch(learn.training_step, learn.training)
+        if learn.yb:
+            self.engine.log_target(learn.yb[0], learn.training)
 
     def _preflight(self) -> None:
         """hs.preflight on the Learner's model, training data and loss, with its optimizer and lr."""
@@ -209,6 +241,26 @@ class Doctor(Callback):
     def summary(self) -> str:
         """Every finding so far, one per line (or a line saying all is well)."""
         return self.engine.describe()
+
+
+def _length(loader: Any) -> int | None:
+    """Batches per epoch, when the loader knows (an iterable dataset may not)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _schedulers(cbs: list[Callback]) -> list[Any]:
+    """The learning-rate schedules the callbacks drive: an ``LRScheduler``'s torch scheduler (named by
+    its class), a ``ParamScheduler``'s (``OneCycle``, ``CosineAnnealing``) class name."""
+    found: list[Any] = []
+    for cb in cbs:
+        if isinstance(cb, LRScheduler) and cb.scheduler is not None:
+            found.append(cb.scheduler)
+        elif isinstance(cb, ParamScheduler) and "lr" in cb.scheds:
+            found.append(type(cb).__name__)
+    return found
 
 
 def diagnose(

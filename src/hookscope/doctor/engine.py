@@ -8,9 +8,11 @@ One engine serves every loop, and every loop feeds it the same way: explicit cal
 :meth:`~Engine.close` — made by the Learner's ``Doctor`` callback, ``hs.watch`` and the integrations from
 their loop's events.
 
-The engine owns three recorders — activations and gradients (:mod:`hookscope.doctor.recorders`) and
-saturation (:mod:`hookscope.doctor.saturation`) — and drives them with every feed call. Whether a training
-step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
+The engine owns four recorders — activations and gradients (:mod:`hookscope.doctor.recorders`),
+saturation (:mod:`hookscope.doctor.saturation`) and, when it diagnoses, the loop's protocol
+(:mod:`hookscope.doctor.protocol`: zero_grad, modes, batches, graphs, the learning-rate schedule; fed
+:meth:`~Engine.log_target` and :meth:`~Engine.plan_run` too) — and drives them with every feed call.
+Whether a training step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
 :class:`~hookscope.doctor.schedule.Cadence`, and handed to each recorder as a boolean.
 
 Every ``check_every`` training steps (and at :meth:`~Engine.close`), :meth:`~Engine.check` reads
@@ -35,6 +37,7 @@ from hookscope.doctor import rules
 from hookscope.doctor.finding_log import FindingLog
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.loss_history import LossHistory
+from hookscope.doctor.protocol import ProtocolRecorder
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.saturation import SaturationRecorder
 from hookscope.doctor.schedule import Cadence
@@ -91,6 +94,10 @@ class Engine:
         self.training_of = training_of
         for recorder in self._recorders:
             recorder.training_of = training_of
+        # the protocol's checks are rules with hooks of their own: recording without rules needs none
+        self.protocol = ProtocolRecorder()
+        if diagnose:
+            self._recorders += (self.protocol,)
         self.losses = LossHistory()
         # called with the new findings at the end of every check: an adapter logs or acts then
         self.after_check: list[Callable[[list[Finding]], None]] = []
@@ -169,6 +176,19 @@ class Engine:
         for recorder in self._recorders:
             recorder.begin_batch(step, training, recorded)
 
+    def plan_run(
+        self, total_steps: int | None = None, batches_per_epoch: int | None = None, schedulers: Any = ()
+    ) -> None:
+        """What the loop knows of the run ahead: its length in optimizer steps (``lr_schedule`` judges an
+        early collapse against it), batches per epoch (1: ``repeated_batch`` is off, one batch repeats
+        by design) and its learning-rate schedulers (objects with an ``optimizer``, or names), to name."""
+        self.protocol.plan_run(total_steps, batches_per_epoch, schedulers)
+
+    def log_target(self, target: Any, training: bool) -> None:
+        """The batch's targets (class indices feed ``unshuffled_data``; one device copy, no host sync)."""
+        if self.diagnose_enabled:
+            self.protocol.log_target(target, training)
+
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
         validation phase counts non-finite ones."""
@@ -180,14 +200,17 @@ class Engine:
     def gradients_ready(self) -> None:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
         self.gradients.gradients_ready()
+        self.protocol.gradients_ready()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
         self.gradients.step_done()
+        self.protocol.step_done()
 
     def step_cancelled(self) -> None:
         """The step was cancelled after :meth:`gradients_ready`: the norms stay, without a ratio."""
         self.gradients.step_cancelled()
+        self.protocol.step_cancelled()
 
     def discard_batch(self) -> None:
         """The step did not happen (a grad scaler skipped it): forget its statistics windows."""
@@ -204,11 +227,13 @@ class Engine:
 
     def begin_valid(self) -> None:
         self.activations.begin_valid()
+        self.protocol.begin_valid()
         self._valid_losses, self._in_valid = [], True
 
     def end_valid(self, step: int) -> None:
         """Count the phase's non-finite batch losses on the device; :meth:`check` reads the count."""
         self.activations.end_valid(step)
+        self.protocol.end_valid(step)
         losses, self._valid_losses, self._in_valid = self._valid_losses, [], False
         if losses:
             bad = torch.stack([loss.float().sum() for loss in losses]).isfinite().logical_not().sum()
@@ -229,8 +254,10 @@ class Engine:
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer stepping the model: ``not_updated`` then says whether a parameter that never
-        changes is missing from it or sits in a group with learning rate 0."""
+        changes is missing from it or sits in a group with learning rate 0; ``stale_gradients`` and
+        ``lr_schedule`` watch its parameters and learning rates."""
         self.optimizer = optimizer
+        self.protocol.watch_optimizer(optimizer)
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
@@ -285,6 +312,7 @@ class Engine:
             *rules.overfitting(self.epoch_losses, th),
             *self._record_rules(th),
             *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
+            *self.protocol.findings(),
         ]
 
     def _record_rules(self, th: Thresholds) -> list[Finding]:
@@ -393,6 +421,7 @@ class Engine:
             "activations": self.activations.state_dict(),
             "gradients": self.gradients.state_dict(),
             "saturation": self.saturation.state_dict(),
+            "protocol": self.protocol.state_dict(),
             "losses": self.losses.state_dict(),
             "steps_since_check": self._steps_since_check,
             "valid_phases": [list(phase) for phase in self.valid_phases],
@@ -407,6 +436,8 @@ class Engine:
         for key, recorder in (("activations", self.activations), ("gradients", self.gradients)):
             if state.get(key):
                 recorder.load_state_dict(state[key])
+        if "protocol" in state:
+            self.protocol.load_state_dict(state["protocol"])
         if "saturation" in state:
             self.saturation.load_state_dict(state["saturation"])
         else:
@@ -425,16 +456,22 @@ class Engine:
     # ---- the engine's own statistics -----------------------------------------------------------------
 
     def _read_own(self) -> None:
-        """Turn the device-side losses, saturation shares and validation counts into host numbers in one
+        """Turn the device-side losses, saturation shares, validation counts and the protocol's rows
+        (input fingerprints, labels: this rank's own, not combined over ranks) into host numbers in one
         transfer."""
         losses, self._losses = self._losses, []
         shares = self.saturation.take_pending()
         valid, self._pending_valid = self._pending_valid, []
+        rows = self.protocol.pending()
         tensors = [torch.stack([v for _, v in losses])] if losses else []
         tensors += [v for _, _, v in shares] + [bad for _, _, bad in valid]
-        if not tensors:
+        if not tensors and not rows:
             return
-        host = to_host(_over_ranks(tensors, averaged=len(tensors) - len(valid)))
+        combined = _over_ranks(tensors, averaged=len(tensors) - len(valid)) if tensors else []
+        host = to_host(combined + rows)
+        if rows:
+            self.protocol.store(host[len(host) - len(rows) :])
+            del host[len(host) - len(rows) :]
         if losses:
             values = host.pop(0)
             self.record_losses([(step, float(v)) for (step, _), v in zip(losses, values, strict=True)])

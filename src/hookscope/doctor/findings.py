@@ -16,8 +16,10 @@ SEVERITIES = ("info", "warning", "error")
 @dataclass(frozen=True)
 class Finding:
     """One diagnosis: ``kind`` (e.g. ``"dead_units"``), the qualified ``module`` name, the training ``step``
-    since which it holds, ``severity`` (info/warning/error), a plain-words ``message`` and the numbers
-    behind it (``evidence``)."""
+    since which it holds, ``severity`` (info/warning/error), a plain-words ``message``, the numbers
+    behind it (``evidence``) and, for a cause (``stale_gradients``, ``lr_schedule``...), the symptoms it
+    explains: ``explains``, the ``(kind, module)`` of each symptom finding (filled by the finding log,
+    :mod:`hookscope.doctor.finding_log`)."""
 
     kind: str
     module: str
@@ -25,6 +27,16 @@ class Finding:
     severity: str
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    explains: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        # findings.json and checkpoints give lists back: the same finding compares equal after a round trip
+        object.__setattr__(self, "explains", tuple((str(k), str(m)) for k, m in self.explains))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(kind, module)``: how a cause's ``explains`` names this finding."""
+        return (self.kind, self.module)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain containers for findings.json."""
@@ -35,9 +47,17 @@ class Finding:
 
 
 def ranked(findings: Iterable[Finding]) -> list[Finding]:
-    """``findings`` most severe first, then by step: the order of findings.json, the report and the
-    command line's list (a severity outside :data:`SEVERITIES` ranks as ``info``)."""
-    return sorted(findings, key=lambda f: (-_SEVERITY_RANK.get(f.severity, 0), f.step))
+    """``findings`` most severe first, then by step, each cause followed by the symptoms it explains: the
+    order of findings.json, the report and the command line's list (a severity outside
+    :data:`SEVERITIES` ranks as ``info``)."""
+    findings = list(findings)
+    by_key = {f.key: f for f in findings}
+    explained = {key for f in findings for key in f.explains if key in by_key}
+    leading = sorted(
+        (f for f in findings if f.key not in explained),
+        key=lambda f: (-_SEVERITY_RANK.get(f.severity, 0), f.step),
+    )
+    return [g for f in leading for g in (f, *(by_key[key] for key in f.explains if key in by_key))]
 
 
 _SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITIES)}

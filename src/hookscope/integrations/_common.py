@@ -5,7 +5,7 @@ happened. Each integration keeps only its framework's mapping of events to these
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +56,18 @@ def watch_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def innermost(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrappers (``.optimizer`` of Lightning's, Accelerate's;
+    ``.opt`` of fastai's ``OptimWrapper``)."""
+    while True:
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "opt", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            return optimizer
+        optimizer = inner
+
+
 class StepSeen:
     """Whether the optimizer really stepped since :meth:`reset`: a step post-hook on each torch optimizer.
 
@@ -71,9 +83,7 @@ class StepSeen:
     def attach(self, optimizers: Iterable[Any]) -> None:
         """Hook every optimizer of ``optimizers`` (wrappers are unwrapped through ``.optimizer``)."""
         for optimizer in optimizers:
-            while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-                optimizer = optimizer.optimizer
-            self._hooks.add(optimizer.register_step_post_hook(self._seen))
+            self._hooks.add(innermost(optimizer).register_step_post_hook(self._seen))
 
     def _seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.stepped = True
@@ -115,13 +125,22 @@ class WatchCallback:
         self.close()
         self.watch = watch(user_model(wrapper, model), **self.options)
         if optimizers is not None:
+            optimizers = list(optimizers)
             self._steps.attach(optimizers)
+        if optimizers:  # the first: a GAN's other optimizers step other parameters
+            self.watch.follow_optimizer(innermost(optimizers[0]))
         return self.watch
 
-    def _log(self, loss: torch.Tensor) -> None:
-        """This training batch's loss, to the loss rules (on the device)."""
+    def _log(self, loss: torch.Tensor, target: Any = None) -> None:
+        """This training batch's loss, to the loss rules, and its target, to the label mix (on the
+        device)."""
         if self.watch is not None:
-            self.watch.log(loss.detach())
+            self.watch.log(loss.detach(), target=target)
+
+    def _plan(self, total_steps: int | None, batches_per_epoch: int | None, schedulers: Any) -> None:
+        """What the framework knows of the run ahead (see :meth:`hookscope.watching.Watch.plan_run`)."""
+        if self.watch is not None:
+            self.watch.plan_run(total_steps, batches_per_epoch, schedulers)
 
     def _gradients_ready(self) -> None:
         """The gradients of this optimizer step are final (unscaled): read and check them."""
@@ -144,6 +163,21 @@ class WatchCallback:
         self._steps.remove()
         if self.watch is not None:
             self.watch.close()
+
+
+# Keys of a dict batch that hold its target.
+TARGET_KEYS = ("labels", "label", "target", "targets", "y")
+
+
+def batch_target(batch: Any) -> Any:
+    """The target of a framework's batch: the last of an ``(inputs..., target)`` tuple or list, the
+    ``labels``/``label``/``target``/``y`` entry of a dict; None when it has none (the label check is
+    then skipped)."""
+    if isinstance(batch, tuple | list) and len(batch) >= 2:
+        return batch[-1]
+    if isinstance(batch, Mapping):
+        return next((batch[key] for key in TARGET_KEYS if key in batch), None)
+    return None
 
 
 def scalars(watch: Watch) -> dict[str, float]:

@@ -3,7 +3,9 @@
 fastai fires ``before_step`` once per optimizer step, after its ``MixedPrecision`` unscaled the
 gradients (a step the ``GradScaler`` skips raises ``CancelStepException`` there, which becomes
 ``after_cancel_step``), after ``GradientAccumulation`` let the step through and before ``GradientClip``:
-that is where the gradients are read. ``after_step`` closes the step.
+that is where the gradients are read. ``after_step`` closes the step. The loss and the target
+(``learn.yb``) are read at ``after_loss``; the run's length and batches per epoch at ``before_fit``, and
+fastai's ``ParamScheduler`` (``fit_one_cycle``, ``fit_flat_cos``) is named in ``lr_schedule``.
 
 This module is the integration: it imports fastai when it is imported, and hookscope never imports it.
 """
@@ -19,6 +21,7 @@ from hookscope.integrations._common import WatchCallback, missing_framework
 try:
     from fastai.callback.core import Callback
     from fastai.callback.fp16 import MixedPrecision
+    from fastai.callback.schedule import ParamScheduler
 except ImportError as err:
     raise missing_framework(__name__, "fastai") from err
 
@@ -41,11 +44,16 @@ class HookscopeCallback(WatchCallback, Callback):
         self.watched = watched
 
     def before_fit(self) -> None:
-        self._start(self.learn.model, self.watched)
+        learn = self.learn
+        self._start(learn.model, self.watched, [learn.opt])
+        batches = len(learn.dls.train)
+        schedulers = [type(cb).__name__ for cb in learn.cbs if isinstance(cb, ParamScheduler)]
+        self._plan(learn.n_epoch * batches, batches, schedulers)
 
     def after_loss(self) -> None:
-        if self.learn.training:
-            self._log(self.learn.loss)
+        learn = self.learn
+        if learn.training:
+            self._log(learn.loss, target=learn.yb[0] if len(learn.yb) == 1 else None)
 
     def before_step(self) -> None:
         self._gradients_ready()

@@ -4,7 +4,9 @@ Lightning runs forward and backward inside ``optimizer.step(closure)``, so an op
 would see the previous step's gradients. The callback reads them in ``on_before_optimizer_step`` instead:
 after the closure, after the ``GradScaler`` unscaled them (``precision="16-mixed"``), before gradient
 clipping, once per optimizer step under ``accumulate_grad_batches``. A step post-hook on the optimizer
-tells a real step from one the ``GradScaler`` skipped. The loss comes from ``training_step``'s output.
+tells a real step from one the ``GradScaler`` skipped. The loss comes from ``training_step``'s output,
+the target from the batch (the last item of a tuple, the ``labels`` of a dict); the run's length, its
+batches per epoch and its learning-rate schedulers from the Trainer.
 
 This module is the integration: it imports Lightning (``lightning.pytorch``) when it is imported, and
 hookscope never imports it.
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.integrations._common import WatchCallback, missing_framework, scalars
+from hookscope.integrations._common import WatchCallback, batch_target, missing_framework, scalars
 
 try:
     import lightning.pytorch as pl
@@ -48,6 +50,11 @@ class HookscopeCallback(WatchCallback, pl.Callback):
         watch = self._start(pl_module, self.model, trainer.optimizers)
         watch.after_check.append(lambda findings: self._log_scalars(trainer))
         self._ready = False
+        self._plan(
+            _finite(trainer.estimated_stepping_batches),
+            _finite(trainer.num_training_batches),
+            [config.scheduler for config in trainer.lr_scheduler_configs],
+        )
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -61,7 +68,7 @@ class HookscopeCallback(WatchCallback, pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             # Lightning hands back the loss divided by accumulate_grad_batches; the rules want the batch's
-            self._log(loss * trainer.accumulate_grad_batches)
+            self._log(loss * trainer.accumulate_grad_batches, target=batch_target(batch))
         if self._ready:  # the last micro-batch of an optimizer step
             self._ready = False
             self._step_ended()
@@ -88,3 +95,8 @@ class HookscopeCallback(WatchCallback, pl.Callback):
         if self.watch is not None:
             self.watch.after_check.clear()
         super().close()
+
+
+def _finite(count: float) -> int | None:
+    """A count Lightning gives as ``inf`` when it cannot know it (an iterable dataset): None then."""
+    return int(count) if count != float("inf") else None

@@ -5,7 +5,8 @@ gradient accumulation and after Accelerate unscaled the gradients, so they are r
 clips (``max_grad_norm``, 1.0 by default) before that event: the norms the doctor sees are the clipped
 ones; the growth from layer to layer, which the exploding and vanishing rules read, is unchanged by
 clipping. A step post-hook on the optimizer tells a real step from one the ``GradScaler`` skipped. The
-loss rules read ``outputs.loss`` of the model's forward, when the model computes its loss.
+loss rules read ``outputs.loss`` of the model's forward, when the model computes its loss, and the label
+mix its ``labels`` argument; the run's length (``max_steps``) and the scheduler come from the Trainer.
 
 This module is the integration: it imports transformers when it is imported, and hookscope never imports it.
 """
@@ -49,12 +50,14 @@ class HookscopeCallback(WatchCallback, TrainerCallback):
     ) -> None:
         model = kwargs["model"]
         self._start(model, self.model, [kwargs["optimizer"]])
-        self._loss_hook.forward(model, self._log_loss)
+        self._loss_hook.forward(model, self._log_loss, with_kwargs=True)
+        scheduler = kwargs.get("lr_scheduler")
+        self._plan(state.max_steps or None, None, [scheduler] if scheduler is not None else [])
 
-    def _log_loss(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _log_loss(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
         if module.training and isinstance(loss, torch.Tensor):
-            self._log(loss)
+            self._log(loss, target=kwargs.get("labels"))
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -264,12 +264,16 @@ def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> s
     )
     if findings is None:
         return _section("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
+    # findings.json puts each cause's symptoms right after it: they are shown nested under it
+    causes = {tuple(key): f.get("kind", "") for f in findings for key in f.get("explains", [])}
     rows = [
         [
             _severity(f),
             f"<code>{html.escape(str(_layer(f)))}</code>",
             html.escape(_fmt(f.get("step", ""))),
-            html.escape(str(f.get("message", ""))) + _evidence(figures / f"finding_{i:02d}.png"),
+            _symptom_of(causes.get((f.get("kind"), f.get("module"))))
+            + html.escape(str(f.get("message", "")))
+            + _evidence(figures / f"finding_{i:02d}.png"),
         ]
         for i, f in enumerate(findings)
     ]
@@ -277,6 +281,13 @@ def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> s
         rows = [['<span class="sev sev-ok">ok</span>', "", "", "No problem found."]]
     table = _table(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
     return _section("Doctor's findings", lead, table)
+
+
+def _symptom_of(cause: str | None) -> str:
+    """The lead of a symptom's message: the cause above it that explains it (nothing for others)."""
+    if cause is None:
+        return ""
+    return f'<span class="note">&#8627; explained by <code>{html.escape(cause)}</code> above:</span> '
 
 
 def _evidence(png: Path) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hookscope.doctor.findings import ranked
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.hooks.batch import split_batch
 from hookscope.hooks.stats import TensorStats
@@ -184,9 +185,13 @@ def predictions_markdown(table: Predictions) -> str:
 
 
 def findings_markdown(findings: Iterable[Any]) -> str:
-    """Findings as Markdown lines: severity, kind, module, step and the message."""
+    """Findings as Markdown lines: severity, kind, module, step and the message; each cause first, the
+    symptoms it explains as indented items under it (:func:`~hookscope.doctor.findings.ranked`)."""
+    findings = ranked(findings)
+    explained = {key for f in findings for key in f.explains}
     return "\n".join(
-        f"- **{f.severity}** `{f.kind}` in `{f.module or '(model)'}` at step {f.step}: {f.message}"
+        ("  " if f.key in explained else "")
+        + f"- **{f.severity}** `{f.kind}` in `{f.module or '(model)'}` at step {f.step}: {f.message}"
         for f in findings
     )
 

@@ -21,7 +21,8 @@ random sampling gives for their batch size (computed exactly from the binomial) 
 batches of a single class. Silent on shuffled data, also with few classes per batch by chance or small batches
 (the yardstick grows with them); a sampler that changes the mix on purpose (a curriculum, batches of one
 class by design) looks the same. :func:`loader_not_shuffled` tells the Learner that its training loader
-does not shuffle before a batch is seen.
+does not shuffle before a batch is seen (``info``: a loader reading a dataset shuffled once, or a time
+series, in order is fine; the label mix decides).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class RepeatedBatch:
     """Fingerprints of each optimizer step's first input, and the longest run of equal ones."""
 
     def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
+        self.enabled = enabled  # off: training on one batch is the plan
         self.ring = DeviceRing(RING_ROWS, 2)
         self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
         self._taken = False  # this step's fingerprint is written
@@ -254,7 +255,9 @@ def loader_not_shuffled(dataloader: Any) -> list[Finding]:
         "Pass `shuffle=True` to the training DataLoader (`DistributedSampler(shuffle=True)` under torchrun)."
     )
     evidence = {"sampler": type(sampler).__name__}
-    return [Finding("unshuffled_data", "", 0, "warning", message, evidence)]
+    # info: reading in order harms only data stored by class (a dataset shuffled once, or a time series,
+    # reads in order on purpose); the batches' label mix is the evidence, a warning when it is far off
+    return [Finding("unshuffled_data", "", 0, "info", message, evidence)]
 
 
 def _flat_view(x: torch.Tensor) -> torch.Tensor | None:

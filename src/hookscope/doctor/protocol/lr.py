@@ -16,7 +16,8 @@ learning rate on an accelerator is skipped rather than read) is followed at ever
   run stopped during a long warm-up, or an LR range test, looks the same.
 
 The scheduler is named when the loop passes ``schedulers`` (torch schedulers are not reachable from the
-optimizer); otherwise "a scheduler" when one set ``initial_lr`` in the group, "something" when none did.
+optimizer; a name stands for a scheduler the loop drives itself, such as the Learner's ``OneCycle``);
+otherwise "a scheduler" when one set ``initial_lr`` in the group, "something" when none did.
 """
 
 from __future__ import annotations
@@ -161,8 +162,11 @@ class LearningRateSchedule:
         return Finding("lr_schedule", "", group.history[-1][0], "warning", message, evidence)
 
     def _scheduler(self, i: int) -> str:
-        mine = [s for s in self.schedulers if getattr(s, "optimizer", None) is self._optimizer]
-        names = [type(s).__name__ for s in mine]
+        names = [
+            s if isinstance(s, str) else type(s).__name__
+            for s in self.schedulers
+            if isinstance(s, str) or getattr(s, "optimizer", None) is self._optimizer
+        ]
         if names:
             return " + ".join(names)
         groups = self._optimizer.param_groups if self._optimizer is not None else []

@@ -41,20 +41,35 @@ class ProtocolRecorder:
 
     ``total_steps``: the run's length in optimizer steps when the loop knows it (the learning-rate
     collapse is judged against it); ``batches_per_epoch``: 1 switches ``repeated_batch`` off (one batch
-    per epoch repeats by design); ``schedulers``: the learning-rate schedulers, to name them.
+    per epoch repeats by design); ``schedulers``: the learning-rate schedulers (objects with an
+    ``optimizer``, or names), to name them.
     """
+
+    # Its histories are bounded without thinning: the engine's cadence has nothing to follow here.
+    thinnings = 0
 
     def __init__(
         self, total_steps: int | None = None, batches_per_epoch: int | None = None, schedulers: Any = ()
     ) -> None:
         self.stale = StaleGradients()
         self.modes = ModeCheck()
-        self.repeats = RepeatedBatch(enabled=batches_per_epoch != 1)
+        self.repeats = RepeatedBatch()
         self.labels = LabelMix()
         self.graphs = GraphsKeptAlive()
-        self.lr = LearningRateSchedule(total_steps, schedulers)
+        self.lr = LearningRateSchedule()
+        self.plan_run(total_steps, batches_per_epoch, schedulers)
         self._hooks = HookSet()
         self._reported: set[str] = set()
+        self._rings: list[RepeatedBatch | LabelMix] = []  # the checks whose rows pending() handed out
+
+    def plan_run(
+        self, total_steps: int | None = None, batches_per_epoch: int | None = None, schedulers: Any = ()
+    ) -> None:
+        """What the loop knows of the run ahead (see the class); a loop that learns it late (at the start
+        of a fit) says it here."""
+        self.repeats.enabled = batches_per_epoch != 1
+        self.lr.total_steps = total_steps
+        self.lr.schedulers = list(schedulers)
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -123,13 +138,23 @@ class ProtocolRecorder:
 
     def flush(self) -> None:
         """The fingerprints and class histograms written since the last read, in one transfer."""
-        rings = [(check, check.ring.pending()) for check in (self.repeats, self.labels)]
-        rings = [(check, buffer) for check, buffer in rings if buffer is not None]
-        if not rings:
-            return
-        host = to_host([buffer for _, buffer in rings])
-        for (check, _), values in zip(rings, host, strict=True):
+        pending = self.pending()
+        if pending:
+            self.store(to_host(pending))
+
+    def pending(self) -> list[torch.Tensor]:
+        """The device rows written since the last read (fingerprints, labels): a caller that reads other
+        tensors too copies them in its own transfer and hands the host copies to :meth:`store`."""
+        rows = [(check, check.ring.pending()) for check in (self.repeats, self.labels)]
+        rows = [(check, buffer) for check, buffer in rows if buffer is not None]
+        self._rings = [check for check, _ in rows]
+        return [buffer for _, buffer in rows]
+
+    def store(self, host: list[Any]) -> None:
+        """The host copies of :meth:`pending`'s tensors, in its order."""
+        for check, values in zip(self._rings, host, strict=True):
             check.read(values)
+        self._rings = []
 
     def findings(self) -> list[Finding]:
         """Read what is pending, run the checks and return the findings not returned before (each carries
