@@ -12,8 +12,10 @@ from hookscope.doctor.rules import (
     DivergenceScan,
     dead_units,
     exploding_gradient,
+    falling_trend,
     loss_divergence,
     no_gradient,
+    stalled_loss,
     update_ratio,
     vanishing_gradient,
 )
@@ -130,3 +132,34 @@ def test_no_gradient_and_update_ratio_on_parameter_records():
     matrices = {"used.weight", "branch.weight", "fast.weight"}
     (ratio,) = update_ratio(params, matrices, TH)
     assert (ratio.module, ratio.evidence["update_ratio"]) == ("fast", 0.9) and "too large" in ratio.message
+
+
+def _noisy(level, slope, n=100, noise=0.05, seed=0):
+    """``n`` losses ``level + slope * i`` plus Gaussian batch noise of ``noise``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [level + slope * i + noise * float(e) for i, e in enumerate(torch.randn(n, generator=gen))]
+
+
+def test_a_slow_steady_fall_under_noise_is_falling_not_a_plateau():
+    # 2.30 -> 2.28 over the last 50 steps (under 1% a window, far below stall_drop), noise 0.05
+    slow = _noisy(2.32, -0.0004, n=100, seed=1)
+    assert falling_trend(slow[-50:]) < -TH.trend_z
+    assert stalled_loss(list(enumerate(slow)), TH) == []
+
+
+def test_flat_noise_is_a_plateau_and_a_bounce_is_oscillating():
+    flat = _noisy(2.3, 0.0, seed=2)
+    assert abs(falling_trend(flat[-50:])) < TH.trend_z
+    (plateau,) = stalled_loss(list(enumerate(flat)), TH)
+    assert plateau.kind == "plateau" and plateau.evidence["trend_z"] > -TH.trend_z
+    bouncing = [2.0 * (1.5 if i % 2 else 0.5) for i in range(100)]
+    assert abs(falling_trend(bouncing)) < 1.0
+    (bounce,) = stalled_loss(list(enumerate(bouncing)), TH)
+    assert bounce.kind == "oscillating_loss"
+
+
+def test_the_trend_reads_ranks_so_spikes_do_not_make_a_fall():
+    rising_spikes = [2.3] * 10 + [9.0] * 3 + _noisy(2.3, 0.0, n=37, seed=3)  # spikes early, then flat
+    assert falling_trend(rising_spikes) > -TH.trend_z
+    assert falling_trend([3.0, 2.0, 1.0]) < 0 and falling_trend([1.0] * 20) == 0.0
+    assert falling_trend(list(range(50, 0, -1))) < -9  # a strict fall: S = -n(n-1)/2

@@ -62,7 +62,9 @@ class Thresholds:
       before; each an eighth of the run once the run is longer than 8 windows), ``stall_drop``: the
       least relative fall between them that still counts as falling, ``stall_level``: the recent median
       above this share of the starting loss is "far from its best possible value" (most losses reach
-      well below half their start). Stalled there, the loss is ``oscillating_loss`` when its spread
+      well below half their start), ``trend_z``: the Mann-Kendall z of the two windows' losses below
+      ``-trend_z`` is a significant downward trend (one-sided 5%), so the loss is falling, not stalled,
+      however small its fall. Stalled there, the loss is ``oscillating_loss`` when its spread
       ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
     - ``overfit_epochs``: epochs since the best validation loss; ``overfit_rise``: how far above that
       best the last one is, while the training loss kept falling (``overfitting``).
@@ -82,6 +84,7 @@ class Thresholds:
     stall_window: int = 25
     stall_drop: float = 0.05
     stall_level: float = 0.5
+    trend_z: float = 1.645
     oscillation_spread: float = 0.5
     overfit_epochs: int = 3
     overfit_rise: float = 0.1
