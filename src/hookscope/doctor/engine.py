@@ -307,7 +307,7 @@ class Engine:
         params = self.gradients.param_history
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
-            *rules.exploding_gradient(layer_norms, self.gradients.history, th),
+            *rules.exploding_gradient(layer_norms, self.gradients.history, th, self._output_shapes()),
             *rules.vanishing_gradient(layer_rms, th),
             *rules.dead_units(self._unit_layers(), th),
             *rules.saturation(self.saturation.history, self.saturation.kinds, th),
@@ -315,6 +315,10 @@ class Engine:
             *rules.update_ratio(params, self._matrices, th),
             *rules.not_updated(params, self._param_groups(), th),
         ]
+
+    def _output_shapes(self) -> rules.OutputShapes:
+        """What ``exploding_gradient`` needs of the layers' output shapes (last recorded step)."""
+        return rules.OutputShapes(self.gradients.output_widths(), self.gradients.shared_outputs())
 
     def _divergence(self, th: Thresholds) -> list[Finding]:
         """``loss_divergence`` from a scan per (window, factor) that reads every loss once, as it is read

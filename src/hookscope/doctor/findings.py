@@ -52,7 +52,8 @@ class Thresholds:
     - ``saturated_fraction`` of tanh/sigmoid outputs within ``saturation_margin`` of their bounds.
     - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10).
     - ``exploding_growth``: the gradient flowing out of a layer (RMS per value) over the one at the last
-      layer; a healthy initialisation keeps it near or below 1.
+      layer (scaled by ``sqrt(fan-out)`` of a last layer wider than its input, a vocabulary head); a
+      healthy initialisation keeps it near or below 1.
     - ``vanishing_ratio``: a layer's gradient RMS (per value) below this fraction of the largest layer's.
     - ``update_high`` / ``update_low``: ``||Δw|| / ||w||`` per step of weight matrices (healthy ~1e-3;
       Adam at lr 1e-2 on a small layer gives ~5e-2).

@@ -334,6 +334,8 @@ class GradientRecorder:
         self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
         self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
         self._unread_steps = 0
+        # per layer, the last recorded output's first dimension and values per entry of it
+        self._shapes: dict[str, tuple[int, int]] = {}
         self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
@@ -341,6 +343,17 @@ class GradientRecorder:
         """Output-gradient statistics per layer (qualified name), oldest first."""
         self.flush()
         return self._layers.history if self._layers is not None else {}
+
+    def shared_outputs(self) -> set[str]:
+        """Layers whose output is shared by the batch: its first dimension was 1 on the last recorded
+        step while another layer's was larger (a position embedding's ``(1, T, d)``, broadcast over the
+        batch). Their output gradient sums the examples' gradients."""
+        batch = max((leading for leading, _ in self._shapes.values()), default=1)
+        return {name for name, (leading, _) in self._shapes.items() if leading == 1 < batch}
+
+    def output_widths(self) -> dict[str, int]:
+        """Values per example (per entry of the first dimension) of each layer's output, last recorded."""
+        return {name: width for name, (_, width) in self._shapes.items()}
 
     @property
     def param_history(self) -> dict[str, list[ParamRecord]]:
@@ -517,6 +530,8 @@ class GradientRecorder:
             tensor = first_tensor(output)
             if tensor is None or not tensor.requires_grad or self._layers is None:
                 return
+            leading = tensor.shape[0] if tensor.dim() else 1
+            self._shapes[name] = (leading, tensor.numel() // max(leading, 1))
             stats = self._layers.stats[name]
             self._grad_hooks.tensor(tensor, stats.update)
 

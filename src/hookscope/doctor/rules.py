@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -87,19 +87,37 @@ def saturation(
     return findings
 
 
+class OutputShapes(NamedTuple):
+    """What the layers' outputs looked like on the last recorded step: ``widths``, values per example of
+    each layer's output; ``shared``, layers whose output is shared by the batch (first dimension 1)."""
+
+    widths: dict[str, int]
+    shared: set[str]
+
+
 def exploding_gradient(
     layer_norms: dict[str, list[tuple[int, float]]],
     output_grads: dict[str, list[StepStats]],
     th: Thresholds,
+    shapes: OutputShapes | None = None,
 ) -> list[Finding]:
     """Where gradients blow up, by two signs, each searched from the loss backwards (model order reversed):
 
     - the gradient flowing out of a layer is ``exploding_growth`` x larger (RMS per value) than at the
-      last layer, for ``patience`` steps: weights that amplify, layer after layer;
+      output, for ``patience`` steps: weights that amplify, layer after layer. "At the output" is the
+      last layer's output gradient, scaled up by ``sqrt(its output width / the layer before's)`` when
+      the last layer is wider than its input (see :func:`_growth`): a head over a 50,257-token
+      vocabulary spreads its gradient over 50,257 logits (~1/V per value), and a head that merely
+      fans out is no amplifier of the body. Layers whose output is shared by the batch (``shapes.shared``:
+      a position embedding's ``(1, T, d)``) are skipped: their gradient is a sum over the batch, larger
+      per value by about its square root without anything growing;
     - the gradient norm of a layer's parameters exceeds ``exploding_norm``: a step far too large.
     """
+    shapes = shapes or OutputShapes({}, set())
     findings: list[Finding] = []
-    growth = _growth(output_grads)
+    growth = {
+        n: records for n, records in _growth(output_grads, shapes.widths).items() if n not in shapes.shared
+    }
     growing = [
         name
         for name, records in growth.items()
@@ -582,8 +600,17 @@ def _streak(records: Sequence[Any], condition: Any) -> list[Any]:
     return list(records[len(records) - n :])
 
 
-def _growth(output_grads: dict[str, list[StepStats]]) -> dict[str, list[tuple[int, float]]]:
-    """Per layer, ``(step, RMS of its output gradient / RMS at the last layer)`` for the common steps."""
+def _growth(
+    output_grads: dict[str, list[StepStats]], widths: dict[str, int] | None = None
+) -> dict[str, list[tuple[int, float]]]:
+    """Per layer, ``(step, RMS of its output gradient / the yardstick)`` for the common steps.
+
+    The yardstick is the last layer's output-gradient RMS times ``sqrt(w_last / w_before)`` when the
+    last layer's output (``widths``: values per example) is wider than the one of the layer before it:
+    a layer fanning ``d`` values out to ``V`` passes back, at a unit-gain initialisation, a gradient
+    ``sqrt(V / d)`` larger per value, so the head's own fan-out is not counted as growth. A narrower
+    head (10 classes from 64 features) is left as it is: its scaling only ever raises the alarm's bar.
+    """
     rms = {
         name: {r.step: math.hypot(r.stats.mean, r.stats.std) for r in records if r.stats.finite}
         for name, records in output_grads.items()
@@ -591,9 +618,17 @@ def _growth(output_grads: dict[str, list[StepStats]]) -> dict[str, list[tuple[in
     rms = {name: values for name, values in rms.items() if values}
     if len(rms) < 2:
         return {}
-    last = rms[list(rms)[-1]]
+    names = list(rms)
+    widths = widths or {}
+    fan_out = widths.get(names[-1], 0) / max(widths.get(names[-2], 0), 1)
+    scale = math.sqrt(max(fan_out, 1.0))
+    last = rms[names[-1]]
     return {
-        name: [(step, v / last[step]) for step, v in sorted(values.items()) if last.get(step, 0.0) > 0.0]
+        name: [
+            (step, v / (last[step] * scale))
+            for step, v in sorted(values.items())
+            if last.get(step, 0.0) > 0.0
+        ]
         for name, values in rms.items()
     }
 
