@@ -38,7 +38,7 @@ from hookscope.doctor.loss_history import LossHistory
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.saturation import SaturationRecorder
 from hookscope.doctor.schedule import Cadence
-from hookscope.doctor.selection import RESHAPES, TrainingOf, computing_leaves
+from hookscope.doctor.selection import PASS_THROUGH, RESHAPES, TrainingOf, computing_leaves
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
@@ -107,6 +107,7 @@ class Engine:
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
         self._reshapes: set[str] = set()
+        self._pass_through: set[str] = set()
         # The record rules' findings per Thresholds, valid while the histories they read stay unchanged.
         self._rules_memo: dict[Thresholds, list[Finding]] = {}
         self._rules_basis: tuple[int, ...] = ()
@@ -149,6 +150,7 @@ class Engine:
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
         self._reshapes = {name for name, m in model.named_modules() if isinstance(m, RESHAPES)}
+        self._pass_through = {name for name, m in model.named_modules() if isinstance(m, PASS_THROUGH)}
         self._rules_basis = ()  # sizes and layer kinds are the new model's: the record rules run again
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
@@ -309,7 +311,7 @@ class Engine:
         return [
             *rules.exploding_gradient(layer_norms, self.gradients.history, th, self._output_shapes()),
             *rules.vanishing_gradient(layer_rms, th),
-            *rules.dead_units(self._unit_layers(), th),
+            *rules.dead_units(self._unit_layers(), th, self.activations.flow.producers, self._pass_through),
             *rules.saturation(self.saturation.history, self.saturation.kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, self._matrices, th),

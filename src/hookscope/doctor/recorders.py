@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.doctor.data_flow import DataFlow
 from hookscope.doctor.history_codec import (
     history_from_state,
     history_state,
@@ -143,6 +144,7 @@ class ActivationRecorder:
         self._train: LayerRecorder | None = None
         self._valid: LayerRecorder | None = None
         self._unread_steps = 0
+        self.flow = DataFlow()  # which watched layer feeds which, learned on the first recorded step
         self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
@@ -188,6 +190,7 @@ class ActivationRecorder:
             self._valid = self._recorder(names)
             self.thinnings = 0
             self.version += 1
+        self.flow.reset()  # the module objects may be new ones: learn the flow again
         self._hooks.targets([(module, self._hook(name)) for name, module in layers])
         self._switch_hooks()
 
@@ -206,6 +209,8 @@ class ActivationRecorder:
             return
         assert self._train is not None
         self._train.close_window(self._step)
+        if not self.flow.settled:
+            self.flow.settle()
         self._recording = False
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
@@ -289,6 +294,8 @@ class ActivationRecorder:
             tensor = first_tensor(output) if recorder is not None else None
             if tensor is not None and recorder is not None:
                 recorder.stats[name].update(tensor)
+                if training and not self.flow.settled:
+                    self.flow.observe(name, args, tensor)
 
         return record
 

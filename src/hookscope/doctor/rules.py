@@ -22,42 +22,76 @@ from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.record_types import ParamRecord, StepStats
 
 
-def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:
+def dead_units(
+    history: dict[str, list[StepStats]],
+    th: Thresholds,
+    producers: dict[str, str | None] | None = None,
+    pass_through: Iterable[str] = (),
+) -> list[Finding]:
     """Layers whose units output exactly 0 for every example, for ``patience`` recorded steps in a row.
 
-    Only the first layer of a chain of dead layers is reported (a MaxPool or Flatten after a dead ReLU
-    is dead because of it).
+    ``producers`` is the data flow (:mod:`hookscope.doctor.data_flow`: which watched layer produced each
+    layer's input; without it, the layer before in model order). Only the head of a chain of dead layers
+    is reported (a MaxPool or Flatten after a dead ReLU is dead because of it). The units belong to the
+    layer whose output they are: when they are seen at a layer in ``pass_through`` (a Dropout, an
+    Identity: they make no units), they are its producer's, seen through the functional ops between
+    (``dropout2(F.relu(fc1(x)))``: ``fc1``'s units, seen at ``dropout2``). "Its input comes from" names
+    the producer of that layer's input, across pass-through layers.
     """
-    findings: list[Finding] = []
-    previous_dead = False
     names = list(history)
-    for i, (name, records) in enumerate(history.items()):
-        streak = _streak(records, lambda s: s.stats.dead_fraction() >= th.dead_fraction)
-        dead = len(streak) >= th.patience
-        if dead and not previous_dead:
-            fraction = records[-1].stats.dead_fraction()
-            since = streak[0].step
-            producer = names[i - 1] if i > 0 else None
-            feed = f"; its input comes from `{producer}`" if producer else ""
-            findings.append(
-                Finding(
-                    "dead_units",
-                    name,
-                    since,
-                    "warning",
-                    f"layer `{name}` — {fraction:.0%} of units dead since step {since} (exactly 0 for every "
-                    f"example{feed}). They pass no gradient, so they never recover on their own. Usual "
-                    "fixes: lower the learning rate, check the initialisation and biases of the layer "
-                    "before, use LeakyReLU/GELU, or add normalisation before the activation.",
-                    {
-                        "dead_fraction": fraction,
-                        "channels": int(records[-1].stats.channel_rms.size),
-                        "producer": producer,
-                    },
-                )
-            )
-        previous_dead = dead
+    if not producers:
+        producers = {name: names[i - 1] if i else None for i, name in enumerate(names)}
+    skip = set(pass_through)
+    dead = {
+        name: _streak(records, lambda s: s.stats.dead_fraction() >= th.dead_fraction)
+        for name, records in history.items()
+    }
+    dead = {name: streak for name, streak in dead.items() if len(streak) >= th.patience}
+    findings: list[Finding] = []
+    owners: set[str] = set()
+    for name, streak in dead.items():
+        if producers.get(name) in dead:
+            continue
+        owner = _source(name, producers, skip) or name if name in skip else name
+        if owner in owners:
+            continue
+        owners.add(owner)
+        findings.append(_dead_finding(owner, name, streak[0].step, history[name][-1].stats, producers, skip))
     return findings
+
+
+def _dead_finding(
+    owner: str, seen: str, since: int, stats: Any, producers: dict[str, str | None], skip: set[str]
+) -> Finding:
+    fraction = stats.dead_fraction()
+    producer = _source(owner, producers, skip)
+    where = f"; seen at `{seen}`" if seen != owner else ""
+    feed = f"; its input comes from `{producer}`" if producer else ""
+    return Finding(
+        "dead_units",
+        owner,
+        since,
+        "warning",
+        f"layer `{owner}` — {fraction:.0%} of units dead since step {since} (exactly 0 for every "
+        f"example{where}{feed}). They pass no gradient, so they never recover on their own. Usual "
+        "fixes: lower the learning rate, check the initialisation and biases of the layer "
+        "before, use LeakyReLU/GELU, or add normalisation before the activation.",
+        {
+            "dead_fraction": fraction,
+            "channels": int(stats.channel_rms.size),
+            "producer": producer,
+            "seen_at": seen,
+        },
+    )
+
+
+def _source(name: str, producers: dict[str, str | None], skip: set[str]) -> str | None:
+    """The layer that produced ``name``'s input, across pass-through layers (a Dropout between)."""
+    producer, seen = producers.get(name), {name}
+    while producer in skip and producer not in seen:
+        seen.add(producer)
+        producer = producers.get(producer)
+    return producer
 
 
 def saturation(
