@@ -231,6 +231,7 @@ class Watch:
     def _attach(self) -> None:
         if self._engine is not None:
             self._engine.attach(self.model)
+            self._engine.watch_optimizer(self.optimizer)
             self._engine.begin_batch(0, training=True)
         if self._guard is not None:
             self._guard.attach(self.model)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from hookscope.doctor import rules
+from hookscope.doctor.adversaries import Adversaries
 from hookscope.doctor.finding_log import FindingLog
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.loss_history import LossHistory
@@ -87,6 +88,7 @@ class Engine:
             select=select, output_grads=True, read_every=check_every, owner=owner
         )
         self.saturation = SaturationRecorder(self.thresholds.saturation_margin)
+        self.adversaries = Adversaries()  # another optimizer playing against the loss: a game
         self._recorders = (self.activations, self.gradients, self.saturation)
         self.training_of = training_of
         for recorder in self._recorders:
@@ -146,6 +148,7 @@ class Engine:
         self.saturation.margin = self.thresholds.saturation_margin
         for recorder in self._recorders:
             recorder.attach(model)
+        self.adversaries.attach(model)
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
@@ -182,6 +185,7 @@ class Engine:
     def gradients_ready(self) -> None:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
         self.gradients.gradients_ready()
+        self.adversaries.watched_step()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
@@ -231,8 +235,10 @@ class Engine:
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer stepping the model: ``not_updated`` then says whether a parameter that never
-        changes is missing from it or sits in a group with learning rate 0."""
+        changes is missing from it or sits in a group with learning rate 0; another optimizer is told
+        from it (:mod:`hookscope.doctor.adversaries`)."""
         self.optimizer = optimizer
+        self.adversaries.watch_optimizer(optimizer)
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
@@ -242,6 +248,7 @@ class Engine:
         """Remove every hook, read what is pending and run the rules a last time; returns new findings."""
         for recorder in self._recorders:
             recorder.close()
+        self.adversaries.close()
         self._stall_memo = None  # the last check sees the whole history
         return self.check()
 
@@ -249,6 +256,7 @@ class Engine:
         """Remove every hook after an error; the open windows are dropped."""
         for recorder in self._recorders:
             recorder.fail()
+        self.adversaries.close()
 
     # ---- checking ------------------------------------------------------------------------------------
 
@@ -281,9 +289,11 @@ class Engine:
     def diagnose(self) -> list[Finding]:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
         th = self.thresholds
+        if self.adversaries.game:  # the loss is a game: not meant to fall, only a collapse is news
+            th = replace(th, divergence_factor=max(th.divergence_factor, th.game_divergence_factor))
         return [
             *self._divergence(th),
-            *self._stalled(th),
+            *(self._stalled(th) if not self.adversaries.game else []),
             *rules.overfitting(self.epoch_losses, th),
             *self._record_rules(th),
             *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
@@ -298,6 +308,7 @@ class Engine:
             self.gradients.version,
             self.saturation.version,
             id(self.optimizer),
+            len(self.adversaries.parameters),
         )
         if basis != self._rules_basis:
             self._rules_basis, self._rules_memo = basis, {}
@@ -306,7 +317,10 @@ class Engine:
         return self._rules_memo[th]
 
     def _run_record_rules(self, th: Thresholds) -> list[Finding]:
-        params = self.gradients.param_history
+        # parameters an adversary steps are not the watched loss's to move (a discriminator's)
+        theirs = self.adversaries.parameters
+        history = self.gradients.param_history
+        params = {n: r for n, r in history.items() if id(self._params.get(n)) not in theirs}
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
             *rules.exploding_gradient(layer_norms, self.gradients.history, th, self._output_shapes()),

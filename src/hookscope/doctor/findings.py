@@ -67,6 +67,10 @@ class Thresholds:
       ``-trend_z`` is a significant downward trend (one-sided 5%), so the loss is falling, not stalled,
       however small its fall. Stalled there, the loss is ``oscillating_loss`` when its spread
       ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
+    - ``game_divergence_factor``: ``divergence_factor`` when the loss is a game (another optimizer
+      trains parameters against it, :mod:`hookscope.doctor.adversaries`): a generator's loss rises
+      whenever its discriminator wins, so only a collapse by orders of magnitude is ``loss_divergence``
+      (and ``plateau``/``oscillating_loss`` stay silent).
     - ``overfit_epochs``: epochs since the best validation loss; ``overfit_rise``: how far above that
       best the last one is, while the training loss kept falling (``overfitting``).
     """
@@ -81,6 +85,7 @@ class Thresholds:
     update_high: float = 0.3
     update_low: float = 1e-7
     divergence_factor: float = 4.0
+    game_divergence_factor: float = 1e3
     loss_window: int = 3
     stall_window: int = 25
     stall_drop: float = 0.05
