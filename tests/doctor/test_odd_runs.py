@@ -1,0 +1,206 @@
+"""The doctor keeps quiet on healthy runs that only look odd (issue 24 item 9), in every loop.
+
+Each test trains one run of ``odd_runs.py`` in one loop — hookscope's Learner with ``Doctor()`` at its
+defaults, a hand-written loop under ``hs.watch(model, opt)`` with ``w.log(loss)``, and for the plain
+classifiers Lightning, fastai and the HF Trainer — and asserts that the doctor said nothing. The one
+finding a healthy run may get is the ``frozen`` information on runs that freeze parameters on purpose
+(a frozen backbone, LoRA's bases): it states a fact and is no alarm.
+
+The false alarms the doctor raises today on these runs are marked ``xfail(strict=True)`` with the finding
+and the item of issue 24 that removes it: the suite is green now, and a fix turns its tests into XPASS
+failures, so the marker is removed with the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from odd_runs import (
+    FRAMEWORK_RUNS,
+    RUNS,
+    SHORT_RUNS,
+    Outcome,
+    fit_framework,
+    fit_learner,
+    fit_lightning_gan,
+    fit_plain,
+    fit_transformers_lm,
+)
+
+from hookscope.doctor.findings import Thresholds
+
+GAME = (
+    "plateau: the generator's loss is a game (it rises whenever the discriminator gets better), not a "
+    "descent; fixed by issue 24 item 9 (adversarial training is not diagnosed as plateau/oscillation)"
+)
+SLOW = (
+    "plateau: the loss falls steadily but slowly ({numbers}); fixed by issue 24 item 9 (a plateau needs "
+    "evidence against a falling trend, not a small relative fall)"
+)
+XFAIL = {
+    "tiny_gan": GAME.replace(
+        "plateau", "plateau (medians 0.77 -> 0.81 -> 0.96; by hand 0.79 -> 0.85 -> 1.0)", 1
+    ),
+    "examples_dcgan": GAME.replace(
+        "plateau", "plateau (medians 0.74 -> 1.47 -> 2.21; by hand 0.91 -> 1.68 -> 2.75)", 1
+    ),
+    "cyclegan": (
+        "no_gradient on every layer of D_A and D_B (both loops): the discriminators get their gradients "
+        "from a second optimizer's backward (after_batch), which the doctor does not count — a false alarm "
+        "outside the kinds item 9 names; and plateau on the generators' game loss (8.38 -> 7.11 -> 7.14), "
+        "fixed by issue 24 item 9 (several optimizers on one loss landscape, a loss that is a game)"
+    ),
+    "slow_starter": SLOW.format(
+        numbers="medians 2.30 -> 2.30 -> 2.28 at the check that fires; 2.30 -> 2.23 over the 90 steps while "
+        "the accuracy climbs 0.12 -> 0.38"
+    ),
+    "gpt2_first_steps": (
+        "exploding_gradient on gpt2.transformer.wpe at step 0 ('the gradient flowing out of it is 177x "
+        "larger than at the output'; 116x in HF's Trainer): the position embedding's output is shared "
+        "by the batch (its gradient sums over it) and a 50257-logit head's output gradient is no "
+        "yardstick; fixed by issue 24 item 9"
+    ),
+    "gpt2_from_scratch": SLOW.format(
+        numbers="10.8 at the start, medians 7.99 -> 7.71 over the last 50 of 120 steps, 'stopped falling at "
+        "71% of its start since step 50'"
+    ),
+    "examples_mnist": (
+        "dead_units named at `dropout2` ('its input comes from `dropout1`'): the dead units are fc1's, "
+        "seen through F.relu; fixed by issue 24 item 10 (the right layer), which alone still reports them "
+        "at fc1 — silence here also needs item 9's 'every rule silent on the PyTorch examples'"
+    ),
+    "examples_vae": (
+        "exploding_gradient on fc4 (gradient norm 4.98e3 > 1e3 from step 0, fc1/fc21/fc22 too): vae/main.py "
+        "sums its loss over batch and pixels (~7e4 a batch), which scales every gradient; a false alarm "
+        "outside the list of issue 24 item 9, for its healthy suite"
+    ),
+    ("examples_word_language_model", "learner"): SLOW.format(
+        numbers="medians 5.24 -> 5.08 -> 5.05 at the check that fires; the same run is at 2.2 by its step 200"
+    ),
+    ("examples_word_language_model", "plain"): (
+        "no finding, but none could come: main.py updates the weights by hand (no optimizer object), so "
+        "hs.watch(model) sees no optimizer step (w.step == 0) and its step-based rules never run; the "
+        "plateau of the learner loop is there as well — needs hs.watch to see steps without an optimizer"
+    ),
+    "finetune_low_lr": (
+        "loss_divergence (error: 0.24 at step 22, 4.7x its best 0.0514; in HF's sequential order 0.153 at "
+        "step 17, 5.9x 0.0259) and oscillating_loss (median 0.107, swing 149%): a near-zero loss on a "
+        "pretrained model makes batch noise look like divergence and oscillation; oscillating_loss is "
+        "item 9's, loss_divergence a false alarm outside its list"
+    ),
+}
+"""Runs the doctor wrongly flags today, by run (every loop) or by ``(run, loop)``, and why (measured)."""
+
+LOOPS = {"learner": fit_learner, "plain": fit_plain}
+SLOW_RUNS = {"gpt2_from_scratch", "gpt2_124m"}
+"""Over ~15 s in one loop on the shared machine (measured at a load of 6-7: 120 steps of the 4-block GPT-2
+15-22 s and 11-14 s of CPU; 4 steps of the 124 M one 76 s)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: these models are tiny, and two OpenMP threads on a loaded 2-core machine wait
+    on each other (see tests/examples/test_cyclegan.py)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _case(name: str, loop: str) -> pytest.param:
+    marks = [pytest.mark.slow] if name in SLOW_RUNS else []
+    reason = XFAIL.get((name, loop), XFAIL.get(name))
+    if reason is not None:
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    return pytest.param(name, loop, marks=marks, id=f"{name}-{loop}")
+
+
+CASES = [_case(name, loop) for name in RUNS if name not in SHORT_RUNS for loop in LOOPS]
+SHORT_CASES = [_case("gpt2_first_steps", loop) for loop in LOOPS] + [_case("gpt2_124m", "plain")]
+FRAMEWORKS = ("lightning", "fastai", "transformers")
+FRAMEWORK_CASES = [_case(name, loop) for name in FRAMEWORK_RUNS for loop in FRAMEWORKS]
+GPT2_HF_CASES = [_case(name, "transformers") for name in ("gpt2_first_steps", "gpt2_from_scratch")]
+GAN_LIGHTNING_CASES = [_case(name, "lightning") for name in ("tiny_gan", "examples_dcgan")]
+
+
+def _assert_silent(
+    outcome: Outcome, model: torch.nn.Module, min_steps: int = 2 * Thresholds().stall_window
+) -> None:
+    """The doctor saw ``min_steps`` optimizer steps at least (by default, enough for the loss rules), and
+    said nothing but ``frozen`` where parameters are frozen on purpose."""
+    assert outcome.steps >= min_steps, f"the doctor saw {outcome.steps} optimizer steps"
+    frozen = any(not p.requires_grad for p in model.parameters())
+    assert [f.kind for f in outcome.findings] == (["frozen"] if frozen else []), outcome.summary()
+    assert all(f.severity == "info" for f in outcome.findings), outcome.summary()
+
+
+@pytest.mark.parametrize(("name", "loop"), CASES)
+def test_the_doctor_is_silent_on_healthy_odd_runs(name, loop):
+    run = RUNS[name]()
+    _assert_silent(LOOPS[loop](run), run.model)
+
+
+@pytest.mark.timeout(1800)  # the 124 M GPT-2: ~2 min under a load of 7 on 2 cores
+@pytest.mark.parametrize(("name", "loop"), SHORT_CASES)
+def test_the_doctor_is_silent_on_the_first_steps_of_gpt2(name, loop):
+    run = RUNS[name]()
+    _assert_silent(LOOPS[loop](run), run.model, min_steps=len(run.train))
+
+
+@pytest.mark.parametrize(("name", "loop"), GPT2_HF_CASES)
+def test_the_doctor_is_silent_on_gpt2_in_the_hf_trainer(name, loop, tmp_path):
+    run = RUNS[name]()
+    _assert_silent(fit_transformers_lm(run, str(tmp_path)), run.model, min_steps=len(run.train))
+
+
+@pytest.mark.parametrize(("name", "loop"), FRAMEWORK_CASES)
+def test_the_doctor_is_silent_on_healthy_odd_runs_in_the_frameworks(name, loop, tmp_path):
+    run = RUNS[name]()
+    options = {"out": str(tmp_path)} if loop == "transformers" else {}
+    _assert_silent(fit_framework(loop, run, **options), run.model)
+
+
+@pytest.mark.parametrize(("name", "loop"), GAN_LIGHTNING_CASES)
+def test_the_doctor_is_silent_on_gans_in_lightning(name, loop):
+    run = RUNS[name]()
+    _assert_silent(fit_lightning_gan(run), run.model)
+
+
+# ---- the runs are what they claim to be ------------------------------------------------------------------
+
+
+def _accuracy(model: torch.nn.Module, loader: torch.utils.data.DataLoader) -> float:
+    model.eval()
+    with torch.no_grad():
+        right = sum(int((model(x).argmax(1) == y).sum()) for x, y in loader)
+    return right / len(loader.dataset)
+
+
+def test_the_slow_starter_learns():
+    run = RUNS["slow_starter"]()
+    before = _accuracy(run.model, run.valid)
+    fit_plain(run)
+    after = _accuracy(run.model, run.valid)
+    assert before < 0.2 and after > 0.3  # measured 0.12 -> 0.38: slow, but learning
+
+
+def test_the_fp16_run_skips_steps_in_both_loops():
+    learner, plain = fit_learner(RUNS["fp16_skipped_steps"]()), fit_plain(RUNS["fp16_skipped_steps"]())
+    # measured: 23 skipped steps each (the scale halves from 2**40 until the float16 gradients fit)
+    assert learner.skipped == plain.skipped > 10
+    assert learner.steps == plain.steps == 90 - plain.skipped
+
+
+def test_the_frozen_backbone_stays_frozen_and_in_eval():
+    run = RUNS["frozen_backbone"]()
+    bn = run.model.backbone[1]
+    before, weight = bn.running_mean.clone(), run.model.backbone[0].weight.clone()
+    fit_learner(run)
+    assert not bn.training and torch.equal(bn.running_mean, before)  # the Learner's model.train() left it
+    assert torch.equal(run.model.backbone[0].weight, weight)
+
+
+def test_accumulation_steps_once_per_four_backward_passes_in_both_loops():
+    run = RUNS["gradient_accumulation"]()
+    batches = run.epochs * len(run.train)
+    assert fit_plain(run).steps == fit_learner(RUNS["gradient_accumulation"]()).steps == batches // 4
