@@ -42,6 +42,10 @@ DECIDE_WITHIN = 50
 that the sentinel hooks go (a second optimizer that is no adversary costs nothing from then on)."""
 
 
+def _params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _task_id() -> int:
     """The id of the backward pass running now (autograd's graph task); -1 outside one."""
     current = getattr(torch._C, "_current_graph_task_id", None)
@@ -76,6 +80,8 @@ class Adversaries:
         self._global: Any = None
         self._sentinels = HookSet()
         self._watched: _Side | None = None
+        self._roles: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool | list[nn.Parameter]]
+        self._roles = weakref.WeakKeyDictionary()  # per optimizer, see _role
         self._others: dict[int, _Side] = {}
         self._watched_steps = 0
         self._deadline: int | None = None
@@ -89,6 +95,7 @@ class Adversaries:
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The watched optimizer (None: those stepping the watched model's parameters are its side)."""
         self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self._roles = weakref.WeakKeyDictionary()
 
     def watched_step(self) -> None:
         """The watched optimizer is about to step: an opponent frozen now is frozen for the watched loss."""
@@ -104,22 +111,24 @@ class Adversaries:
             self._global = None
         self._sentinels.remove()
         self._watched, self._others = None, {}
+        self._roles = weakref.WeakKeyDictionary()
 
     # ---- machinery -----------------------------------------------------------------------------------
 
     def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.game:
-            return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if self._is_watched(optimizer, params):
+        role = self._roles.get(optimizer)
+        if role is None:  # once per optimizer: the parameters are not listed at every step
+            role = self._roles[optimizer] = self._role(optimizer)
+        if role is True:
             self._watched_steps += 1
             if self._watched is None:
+                params = _params(optimizer)
                 self._watched = _Side([p for p in params if id(p) in self._model] or params)
             self._expire()
             return
-        theirs = self._theirs(params)
-        if not theirs:
+        if not role:
             return
+        theirs = role
         side = self._others.setdefault(id(optimizer), _Side(theirs))
         side.steps += 1
         self._hook(side)
@@ -131,18 +140,18 @@ class Adversaries:
         if self._plays_against(side):
             self._found(optimizer, side)
 
-    def _is_watched(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> bool:
-        watched = self._optimizer() if self._optimizer is not None else None
-        if watched is not None:
-            return optimizer is watched
-        return any(id(p) in self._model for p in params)
-
-    def _theirs(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
-        """The parameters an other optimizer steps that the watched side does not."""
+    def _role(self, optimizer: torch.optim.Optimizer) -> bool | list[nn.Parameter]:
+        """True for the watched side; else the parameters it steps that the watched side does not hold
+        (an empty list: it is no possible adversary)."""
+        params = _params(optimizer)
         watched = self._optimizer() if self._optimizer is not None else None
         if watched is None:
-            return [p for p in params if id(p) not in self._model]
-        held = {id(p) for group in watched.param_groups for p in group["params"]}
+            if any(id(p) in self._model for p in params):
+                return True
+            return params
+        if optimizer is watched:
+            return True
+        held = {id(p) for p in _params(watched)}
         return [p for p in params if id(p) not in held]
 
     def _hook(self, side: _Side) -> bool:
