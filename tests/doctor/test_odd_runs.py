@@ -29,19 +29,11 @@ from odd_runs import (
 
 from hookscope.doctor.findings import Thresholds
 
-SLOW = (
-    "plateau: the loss falls steadily but slowly ({numbers}); fixed by issue 24 item 9 (a plateau needs "
-    "evidence against a falling trend, not a small relative fall)"
-)
 XFAIL = {
     ("cyclegan", "learner"): (
         "the doctor is silent (the discriminators are an adversary of the generators' loss, issue 24 "
         "item 9), but the check above expects the `frozen` note: CycleGANTrainer leaves D_A and D_B frozen "
         "after the last batch, so the model holds frozen parameters only when the fit is over"
-    ),
-    "gpt2_from_scratch": SLOW.format(
-        numbers="10.8 at the start, medians 7.99 -> 7.71 over the last 50 of 120 steps, 'stopped falling at "
-        "71% of its start since step 50'"
     ),
     "examples_mnist": (
         "dead_units: 70% of fc1's ReLU outputs are 0 for whole batches from step 2 on (checked with a "
