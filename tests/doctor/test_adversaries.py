@@ -146,3 +146,12 @@ def test_under_a_game_only_a_collapse_by_orders_of_magnitude_is_divergence():
 
     assert diagnose(8.0) == set()  # a generator losing to its discriminator: BCE from 0.7 to ~5.6
     assert diagnose(2e3) == {"loss_divergence"}
+
+
+def test_an_engine_dropped_without_closing_takes_its_global_hook_with_it():
+    before = len(GLOBAL_HOOKS)
+    engine = Engine(quiet=True)
+    engine.attach(mlp(depth=2))
+    assert len(GLOBAL_HOOKS) == before + 1
+    del engine
+    assert len(GLOBAL_HOOKS) == before

@@ -42,6 +42,22 @@ DECIDE_WITHIN = 50
 that the sentinel hooks go (a second optimizer that is no adversary costs nothing from then on)."""
 
 
+def _global_hook(owner: Adversaries) -> Any:
+    """torch's global step hook, holding its owner weakly and removed when the owner is collected: an
+    engine dropped without being closed takes its hook with it instead of watching every later
+    optimizer."""
+    ref = weakref.ref(owner)
+
+    def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        adversaries = ref()
+        if adversaries is not None:
+            adversaries._stepped(optimizer)
+
+    handle = register_optimizer_step_post_hook(stepped)
+    weakref.finalize(owner, handle.remove)
+    return handle
+
+
 def _params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -84,13 +100,14 @@ class Adversaries:
         self._roles = weakref.WeakKeyDictionary()  # per optimizer, see _role
         self._others: dict[int, _Side] = {}
         self._watched_steps = 0
+        self._other_steps = 0
         self._deadline: int | None = None
 
     def attach(self, model: nn.Module) -> None:
         """Watch the loop's optimizers while ``model`` is watched (the global step hook)."""
         self._model = {id(p) for p in model.parameters() if p.requires_grad}
         if self._global is None and not self.game:
-            self._global = register_optimizer_step_post_hook(self._stepped)
+            self._global = _global_hook(self)
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The watched optimizer (None: those stepping the watched model's parameters are its side)."""
@@ -115,7 +132,7 @@ class Adversaries:
 
     # ---- machinery -----------------------------------------------------------------------------------
 
-    def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _stepped(self, optimizer: torch.optim.Optimizer) -> None:
         role = self._roles.get(optimizer)
         if role is None:  # once per optimizer: the parameters are not listed at every step
             role = self._roles[optimizer] = self._role(optimizer)
@@ -127,6 +144,10 @@ class Adversaries:
             self._expire()
             return
         if not role:
+            return
+        self._other_steps += 1
+        if self._other_steps > 2 * DECIDE_WITHIN:  # its watched optimizer never steps (a stale engine)
+            self.close()
             return
         theirs = role
         side = self._others.setdefault(id(optimizer), _Side(theirs))
