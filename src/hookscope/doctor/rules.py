@@ -343,12 +343,17 @@ class DivergenceScan:
                 "",
                 step,
                 "error",
-                f"the training loss diverges — {mean:.3g} at step {step}, {mean / best:.1f}x its best "
+                f"the training loss diverges — {mean:.3g} at step {step}, {_times(mean, best)} its best "
                 f"{best:.3g} and above its start {start:.3g}. Usual fixes: lower the learning rate "
                 "(try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
                 {"loss": mean, "best": best, "start": start},
             )
         ]
+
+
+def _times(value: float, base: float) -> str:
+    """``value`` as a multiple of ``base`` in words ("4.2x"; "far above" a best of exactly 0)."""
+    return f"{value / base:.1f}x" if base > 0 else "far above"
 
 
 def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Finding]:
