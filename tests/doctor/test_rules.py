@@ -10,10 +10,13 @@ from hookscope.doctor.findings import Thresholds
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.rules import (
     DivergenceScan,
+    OutputShapes,
     dead_units,
     exploding_gradient,
+    falling_trend,
     loss_divergence,
     no_gradient,
+    stalled_loss,
     update_ratio,
     vanishing_gradient,
 )
@@ -84,12 +87,33 @@ def test_the_divergence_scan_fed_piece_by_piece_finds_the_first_divergence_of_th
         assert [f.step for f in scan.findings()] == ([] if expected is None else [expected])
 
 
+def _grads(scales, steps=3):
+    return {
+        name: [_stats(s, torch.full((64,), -scale)) for s in range(steps)] for name, scale in scales.items()
+    }
+
+
 def test_exploding_growth_is_searched_from_the_loss_backwards():
     scales = {"l0": 1e4, "l1": 1e3, "l2": 30.0, "l3": 3.0, "l4": 1.0}  # gradient RMS, l4 nearest the loss
-    grads = {name: [_stats(s, torch.full((64,), -scale)) for s in range(3)] for name, scale in scales.items()}
-    (finding,) = exploding_gradient({}, grads, TH)
+    (finding,) = exploding_gradient({}, _grads(scales), TH)
     assert finding.module == "l1" and finding.evidence["growth"] == 1e3
     assert set(finding.evidence["layers"]) == {"l0", "l1"}
+    narrow_head = OutputShapes({"l3": 64, "l4": 10}, set())  # 10 classes from 64 features: as it is
+    assert exploding_gradient({}, _grads(scales), TH, narrow_head)[0].evidence["growth"] == 1e3
+
+
+def test_a_large_vocabulary_head_and_a_batch_shared_output_are_no_explosion():
+    # GPT-2 from scratch at step 0 (measured, per value): the logits' gradient ~1/V, the residual stream's
+    # ~150x that, the position embedding's (1, T, d) output summed over a batch of 16
+    scales = {"wte": 1.4e-3, "wpe": 6e-3, "h.0.mlp": 1.3e-3, "ln_f": 3.9e-5, "lm_head": 8.7e-6}
+    widths = {"wte": 32 * 64, "wpe": 32 * 64, "h.0.mlp": 32 * 64, "ln_f": 32 * 64, "lm_head": 32 * 50257}
+    assert exploding_gradient({}, _grads(scales), TH, OutputShapes(widths, {"wpe"})) == []
+    (head,) = exploding_gradient({}, _grads(scales), TH)  # the head's 1/V as the yardstick
+    assert head.module == "h.0.mlp" and head.evidence["layers"]["wpe"] > 600
+    huge_batch = {**scales, "wpe": 6e-3 * 8}  # the sum over 1024 examples, not 16
+    assert exploding_gradient({}, _grads(huge_batch), TH, OutputShapes(widths, {"wpe"})) == []
+    (summed,) = exploding_gradient({}, _grads(huge_batch), TH, OutputShapes(widths, set()))
+    assert summed.module == "wpe"
 
 
 def test_vanishing_names_the_earliest_layer_and_skips_exact_zeros():
@@ -130,3 +154,34 @@ def test_no_gradient_and_update_ratio_on_parameter_records():
     matrices = {"used.weight", "branch.weight", "fast.weight"}
     (ratio,) = update_ratio(params, matrices, TH)
     assert (ratio.module, ratio.evidence["update_ratio"]) == ("fast", 0.9) and "too large" in ratio.message
+
+
+def _noisy(level, slope, n=100, noise=0.05, seed=0):
+    """``n`` losses ``level + slope * i`` plus Gaussian batch noise of ``noise``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [level + slope * i + noise * float(e) for i, e in enumerate(torch.randn(n, generator=gen))]
+
+
+def test_a_slow_steady_fall_under_noise_is_falling_not_a_plateau():
+    # 2.30 -> 2.28 over the last 50 steps (under 1% a window, far below stall_drop), noise 0.05
+    slow = _noisy(2.32, -0.0004, n=100, seed=1)
+    assert falling_trend(slow[-50:]) < -TH.trend_z
+    assert stalled_loss(list(enumerate(slow)), TH) == []
+
+
+def test_flat_noise_is_a_plateau_and_a_bounce_is_oscillating():
+    flat = _noisy(2.3, 0.0, seed=2)
+    assert abs(falling_trend(flat[-50:])) < TH.trend_z
+    (plateau,) = stalled_loss(list(enumerate(flat)), TH)
+    assert plateau.kind == "plateau" and plateau.evidence["trend_z"] > -TH.trend_z
+    bouncing = [2.0 * (1.5 if i % 2 else 0.5) for i in range(100)]
+    assert abs(falling_trend(bouncing)) < 1.0
+    (bounce,) = stalled_loss(list(enumerate(bouncing)), TH)
+    assert bounce.kind == "oscillating_loss"
+
+
+def test_the_trend_reads_ranks_so_spikes_do_not_make_a_fall():
+    rising_spikes = [2.3] * 10 + [9.0] * 3 + _noisy(2.3, 0.0, n=37, seed=3)  # spikes early, then flat
+    assert falling_trend(rising_spikes) > -TH.trend_z
+    assert falling_trend([3.0, 2.0, 1.0]) < 0 and falling_trend([1.0] * 20) == 0.0
+    assert falling_trend(list(range(50, 0, -1))) < -9  # a strict fall: S = -n(n-1)/2

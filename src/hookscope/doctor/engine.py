@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hookscope.doctor import rules
+from hookscope.doctor.adversaries import Adversaries
 from hookscope.doctor.finding_log import FindingLog
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.loss_history import LossHistory
@@ -41,7 +42,7 @@ from hookscope.doctor.protocol import ProtocolRecorder
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.saturation import SaturationRecorder
 from hookscope.doctor.schedule import Cadence
-from hookscope.doctor.selection import RESHAPES, TrainingOf, computing_leaves
+from hookscope.doctor.selection import PASS_THROUGH, RESHAPES, TrainingOf, computing_leaves
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
@@ -90,6 +91,7 @@ class Engine:
             select=select, output_grads=True, read_every=check_every, owner=owner
         )
         self.saturation = SaturationRecorder(self.thresholds.saturation_margin)
+        self.adversaries = Adversaries()  # another optimizer playing against the loss: a game
         self._recorders = (self.activations, self.gradients, self.saturation)
         self.training_of = training_of
         for recorder in self._recorders:
@@ -114,6 +116,7 @@ class Engine:
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
         self._reshapes: set[str] = set()
+        self._pass_through: set[str] = set()
         # The record rules' findings per Thresholds, valid while the histories they read stay unchanged.
         self._rules_memo: dict[Thresholds, list[Finding]] = {}
         self._rules_basis: tuple[int, ...] = ()
@@ -152,10 +155,12 @@ class Engine:
         self.saturation.margin = self.thresholds.saturation_margin
         for recorder in self._recorders:
             recorder.attach(model)
+        self.adversaries.attach(model)
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
         self._matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
         self._reshapes = {name for name, m in model.named_modules() if isinstance(m, RESHAPES)}
+        self._pass_through = {name for name, m in model.named_modules() if isinstance(m, PASS_THROUGH)}
         self._rules_basis = ()  # sizes and layer kinds are the new model's: the record rules run again
         frozen: dict[str, int] = {}
         for name, p in model.named_parameters():
@@ -201,6 +206,7 @@ class Engine:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
         self.gradients.gradients_ready()
         self.protocol.gradients_ready()
+        self.adversaries.watched_step()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
@@ -255,9 +261,11 @@ class Engine:
     def watch_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer stepping the model: ``not_updated`` then says whether a parameter that never
         changes is missing from it or sits in a group with learning rate 0; ``stale_gradients`` and
-        ``lr_schedule`` watch its parameters and learning rates."""
+        ``lr_schedule`` watch its parameters and learning rates; another optimizer is told from it
+        (:mod:`hookscope.doctor.adversaries`)."""
         self.optimizer = optimizer
         self.protocol.watch_optimizer(optimizer)
+        self.adversaries.watch_optimizer(optimizer)
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
@@ -267,6 +275,7 @@ class Engine:
         """Remove every hook, read what is pending and run the rules a last time; returns new findings."""
         for recorder in self._recorders:
             recorder.close()
+        self.adversaries.close()
         self._stall_memo = None  # the last check sees the whole history
         return self.check()
 
@@ -274,6 +283,7 @@ class Engine:
         """Remove every hook after an error; the open windows are dropped."""
         for recorder in self._recorders:
             recorder.fail()
+        self.adversaries.close()
 
     # ---- checking ------------------------------------------------------------------------------------
 
@@ -306,9 +316,11 @@ class Engine:
     def diagnose(self) -> list[Finding]:
         """Every rule on the host histories (read them first: :meth:`read_pending`)."""
         th = self.thresholds
+        if self.adversaries.game:  # the loss is a game: not meant to fall, only a collapse is news
+            th = replace(th, divergence_factor=max(th.divergence_factor, th.game_divergence_factor))
         return [
             *self._divergence(th),
-            *self._stalled(th),
+            *(self._stalled(th) if not self.adversaries.game else []),
             *rules.overfitting(self.epoch_losses, th),
             *self._record_rules(th),
             *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
@@ -324,6 +336,7 @@ class Engine:
             self.gradients.version,
             self.saturation.version,
             id(self.optimizer),
+            len(self.adversaries.parameters),
         )
         if basis != self._rules_basis:
             self._rules_basis, self._rules_memo = basis, {}
@@ -332,17 +345,24 @@ class Engine:
         return self._rules_memo[th]
 
     def _run_record_rules(self, th: Thresholds) -> list[Finding]:
-        params = self.gradients.param_history
+        # parameters an adversary steps are not the watched loss's to move (a discriminator's)
+        theirs = self.adversaries.parameters
+        history = self.gradients.param_history
+        params = {n: r for n, r in history.items() if id(self._params.get(n)) not in theirs}
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
-            *rules.exploding_gradient(layer_norms, self.gradients.history, th),
+            *rules.exploding_gradient(layer_norms, self.gradients.history, th, self._output_shapes()),
             *rules.vanishing_gradient(layer_rms, th),
-            *rules.dead_units(self._unit_layers(), th),
+            *rules.dead_units(self._unit_layers(), th, self.activations.flow.producers, self._pass_through),
             *rules.saturation(self.saturation.history, self.saturation.kinds, th),
             *rules.no_gradient(params, th),
             *rules.update_ratio(params, self._matrices, th),
             *rules.not_updated(params, self._param_groups(), th),
         ]
+
+    def _output_shapes(self) -> rules.OutputShapes:
+        """What ``exploding_gradient`` needs of the layers' output shapes (last recorded step)."""
+        return rules.OutputShapes(self.gradients.output_widths(), self.gradients.shared_outputs())
 
     def _divergence(self, th: Thresholds) -> list[Finding]:
         """``loss_divergence`` from a scan per (window, factor) that reads every loss once, as it is read

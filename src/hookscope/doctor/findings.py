@@ -72,7 +72,8 @@ class Thresholds:
     - ``saturated_fraction`` of tanh/sigmoid outputs within ``saturation_margin`` of their bounds.
     - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10).
     - ``exploding_growth``: the gradient flowing out of a layer (RMS per value) over the one at the last
-      layer; a healthy initialisation keeps it near or below 1.
+      layer (scaled by ``sqrt(fan-out)`` of a last layer wider than its input, a vocabulary head); a
+      healthy initialisation keeps it near or below 1.
     - ``vanishing_ratio``: a layer's gradient RMS (per value) below this fraction of the largest layer's.
     - ``update_high`` / ``update_low``: ``||Δw|| / ||w||`` per step of weight matrices (healthy ~1e-3;
       Adam at lr 1e-2 on a small layer gives ~5e-2).
@@ -82,8 +83,14 @@ class Thresholds:
       before; each an eighth of the run once the run is longer than 8 windows), ``stall_drop``: the
       least relative fall between them that still counts as falling, ``stall_level``: the recent median
       above this share of the starting loss is "far from its best possible value" (most losses reach
-      well below half their start). Stalled there, the loss is ``oscillating_loss`` when its spread
+      well below half their start), ``trend_z``: the Mann-Kendall z of the two windows' losses below
+      ``-trend_z`` is a significant downward trend (one-sided 5%), so the loss is falling, not stalled,
+      however small its fall. Stalled there, the loss is ``oscillating_loss`` when its spread
       ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
+    - ``game_divergence_factor``: ``divergence_factor`` when the loss is a game (another optimizer
+      trains parameters against it, :mod:`hookscope.doctor.adversaries`): a generator's loss rises
+      whenever its discriminator wins, so only a collapse by orders of magnitude is ``loss_divergence``
+      (and ``plateau``/``oscillating_loss`` stay silent).
     - ``overfit_epochs``: epochs since the best validation loss; ``overfit_rise``: how far above that
       best the last one is, while the training loss kept falling (``overfitting``).
     """
@@ -98,10 +105,12 @@ class Thresholds:
     update_high: float = 0.3
     update_low: float = 1e-7
     divergence_factor: float = 4.0
+    game_divergence_factor: float = 1e3
     loss_window: int = 3
     stall_window: int = 25
     stall_drop: float = 0.05
     stall_level: float = 0.5
+    trend_z: float = 1.645
     oscillation_spread: float = 0.5
     overfit_epochs: int = 3
     overfit_rise: float = 0.1

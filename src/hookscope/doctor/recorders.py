@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.doctor.data_flow import DataFlow
 from hookscope.doctor.history_codec import (
     history_from_state,
     history_state,
@@ -143,6 +144,7 @@ class ActivationRecorder:
         self._train: LayerRecorder | None = None
         self._valid: LayerRecorder | None = None
         self._unread_steps = 0
+        self.flow = DataFlow()  # which watched layer feeds which, learned on the first recorded step
         self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
@@ -188,6 +190,7 @@ class ActivationRecorder:
             self._valid = self._recorder(names)
             self.thinnings = 0
             self.version += 1
+        self.flow.reset()  # the module objects may be new ones: learn the flow again
         self._hooks.targets([(module, self._hook(name)) for name, module in layers])
         self._switch_hooks()
 
@@ -206,6 +209,8 @@ class ActivationRecorder:
             return
         assert self._train is not None
         self._train.close_window(self._step)
+        if not self.flow.settled:
+            self.flow.settle()
         self._recording = False
         self._unread_steps += 1
         if self._unread_steps >= self.read_every:
@@ -289,6 +294,8 @@ class ActivationRecorder:
             tensor = first_tensor(output) if recorder is not None else None
             if tensor is not None and recorder is not None:
                 recorder.stats[name].update(tensor)
+                if training and not self.flow.settled:
+                    self.flow.observe(name, args, tensor)
 
         return record
 
@@ -334,6 +341,8 @@ class GradientRecorder:
         self._pending: list[tuple[int, list[bool], torch.Tensor | None, torch.Tensor | None]] = []
         self._step_norms: tuple[list[bool], torch.Tensor | None] | None = None
         self._unread_steps = 0
+        # per layer, the last recorded output's first dimension and values per entry of it
+        self._shapes: dict[str, tuple[int, int]] = {}
         self.version = 0  # grows whenever the host histories change: rules on them need not run again
 
     @property
@@ -341,6 +350,17 @@ class GradientRecorder:
         """Output-gradient statistics per layer (qualified name), oldest first."""
         self.flush()
         return self._layers.history if self._layers is not None else {}
+
+    def shared_outputs(self) -> set[str]:
+        """Layers whose output is shared by the batch: its first dimension was 1 on the last recorded
+        step while another layer's was larger (a position embedding's ``(1, T, d)``, broadcast over the
+        batch). Their output gradient sums the examples' gradients."""
+        batch = max((leading for leading, _ in self._shapes.values()), default=1)
+        return {name for name, (leading, _) in self._shapes.items() if leading == 1 < batch}
+
+    def output_widths(self) -> dict[str, int]:
+        """Values per example (per entry of the first dimension) of each layer's output, last recorded."""
+        return {name: width for name, (_, width) in self._shapes.items()}
 
     @property
     def param_history(self) -> dict[str, list[ParamRecord]]:
@@ -517,6 +537,8 @@ class GradientRecorder:
             tensor = first_tensor(output)
             if tensor is None or not tensor.requires_grad or self._layers is None:
                 return
+            leading = tensor.shape[0] if tensor.dim() else 1
+            self._shapes[name] = (leading, tensor.numel() // max(leading, 1))
             stats = self._layers.stats[name]
             self._grad_hooks.tensor(tensor, stats.update)
 

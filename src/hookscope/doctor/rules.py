@@ -14,48 +14,84 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.record_types import ParamRecord, StepStats
 
 
-def dead_units(history: dict[str, list[StepStats]], th: Thresholds) -> list[Finding]:
+def dead_units(
+    history: dict[str, list[StepStats]],
+    th: Thresholds,
+    producers: dict[str, str | None] | None = None,
+    pass_through: Iterable[str] = (),
+) -> list[Finding]:
     """Layers whose units output exactly 0 for every example, for ``patience`` recorded steps in a row.
 
-    Only the first layer of a chain of dead layers is reported (a MaxPool or Flatten after a dead ReLU
-    is dead because of it).
+    ``producers`` is the data flow (:mod:`hookscope.doctor.data_flow`: which watched layer produced each
+    layer's input; without it, the layer before in model order). Only the head of a chain of dead layers
+    is reported (a MaxPool or Flatten after a dead ReLU is dead because of it). The units belong to the
+    layer whose output they are: when they are seen at a layer in ``pass_through`` (a Dropout, an
+    Identity: they make no units), they are its producer's, seen through the functional ops between
+    (``dropout2(F.relu(fc1(x)))``: ``fc1``'s units, seen at ``dropout2``). "Its input comes from" names
+    the producer of that layer's input, across pass-through layers.
     """
-    findings: list[Finding] = []
-    previous_dead = False
     names = list(history)
-    for i, (name, records) in enumerate(history.items()):
-        streak = _streak(records, lambda s: s.stats.dead_fraction() >= th.dead_fraction)
-        dead = len(streak) >= th.patience
-        if dead and not previous_dead:
-            fraction = records[-1].stats.dead_fraction()
-            since = streak[0].step
-            producer = names[i - 1] if i > 0 else None
-            feed = f"; its input comes from `{producer}`" if producer else ""
-            findings.append(
-                Finding(
-                    "dead_units",
-                    name,
-                    since,
-                    "warning",
-                    f"layer `{name}` — {fraction:.0%} of units dead since step {since} (exactly 0 for every "
-                    f"example{feed}). They pass no gradient, so they never recover on their own. Usual "
-                    "fixes: lower the learning rate, check the initialisation and biases of the layer "
-                    "before, use LeakyReLU/GELU, or add normalisation before the activation.",
-                    {
-                        "dead_fraction": fraction,
-                        "channels": int(records[-1].stats.channel_rms.size),
-                        "producer": producer,
-                    },
-                )
-            )
-        previous_dead = dead
+    if not producers:
+        producers = {name: names[i - 1] if i else None for i, name in enumerate(names)}
+    skip = set(pass_through)
+    dead = {
+        name: _streak(records, lambda s: s.stats.dead_fraction() >= th.dead_fraction)
+        for name, records in history.items()
+    }
+    dead = {name: streak for name, streak in dead.items() if len(streak) >= th.patience}
+    findings: list[Finding] = []
+    owners: set[str] = set()
+    for name, streak in dead.items():
+        if producers.get(name) in dead:
+            continue
+        owner = _source(name, producers, skip) or name if name in skip else name
+        if owner in owners:
+            continue
+        owners.add(owner)
+        findings.append(_dead_finding(owner, name, streak[0].step, history[name][-1].stats, producers, skip))
     return findings
+
+
+def _dead_finding(
+    owner: str, seen: str, since: int, stats: Any, producers: dict[str, str | None], skip: set[str]
+) -> Finding:
+    fraction = stats.dead_fraction()
+    producer = _source(owner, producers, skip)
+    where = f"; seen at `{seen}`" if seen != owner else ""
+    feed = f"; its input comes from `{producer}`" if producer else ""
+    return Finding(
+        "dead_units",
+        owner,
+        since,
+        "warning",
+        f"layer `{owner}` — {fraction:.0%} of units dead since step {since} (exactly 0 for every "
+        f"example{where}{feed}). They pass no gradient, so they never recover on their own. Usual "
+        "fixes: lower the learning rate, check the initialisation and biases of the layer "
+        "before, use LeakyReLU/GELU, or add normalisation before the activation.",
+        {
+            "dead_fraction": fraction,
+            "channels": int(stats.channel_rms.size),
+            "producer": producer,
+            "seen_at": seen,
+        },
+    )
+
+
+def _source(name: str, producers: dict[str, str | None], skip: set[str]) -> str | None:
+    """The layer that produced ``name``'s input, across pass-through layers (a Dropout between)."""
+    producer, seen = producers.get(name), {name}
+    while producer in skip and producer not in seen:
+        seen.add(producer)
+        producer = producers.get(producer)
+    return producer
 
 
 def saturation(
@@ -85,19 +121,37 @@ def saturation(
     return findings
 
 
+class OutputShapes(NamedTuple):
+    """What the layers' outputs looked like on the last recorded step: ``widths``, values per example of
+    each layer's output; ``shared``, layers whose output is shared by the batch (first dimension 1)."""
+
+    widths: dict[str, int]
+    shared: set[str]
+
+
 def exploding_gradient(
     layer_norms: dict[str, list[tuple[int, float]]],
     output_grads: dict[str, list[StepStats]],
     th: Thresholds,
+    shapes: OutputShapes | None = None,
 ) -> list[Finding]:
     """Where gradients blow up, by two signs, each searched from the loss backwards (model order reversed):
 
     - the gradient flowing out of a layer is ``exploding_growth`` x larger (RMS per value) than at the
-      last layer, for ``patience`` steps: weights that amplify, layer after layer;
+      output, for ``patience`` steps: weights that amplify, layer after layer. "At the output" is the
+      last layer's output gradient, scaled up by ``sqrt(its output width / the layer before's)`` when
+      the last layer is wider than its input (see :func:`_growth`): a head over a 50,257-token
+      vocabulary spreads its gradient over 50,257 logits (~1/V per value), and a head that merely
+      fans out is no amplifier of the body. Layers whose output is shared by the batch (``shapes.shared``:
+      a position embedding's ``(1, T, d)``) are skipped: their gradient is a sum over the batch, larger
+      per value by about its square root without anything growing;
     - the gradient norm of a layer's parameters exceeds ``exploding_norm``: a step far too large.
     """
+    shapes = shapes or OutputShapes({}, set())
     findings: list[Finding] = []
-    growth = _growth(output_grads)
+    growth = {
+        n: records for n, records in _growth(output_grads, shapes.widths).items() if n not in shapes.shared
+    }
     growing = [
         name
         for name, records in growth.items()
@@ -289,12 +343,17 @@ class DivergenceScan:
                 "",
                 step,
                 "error",
-                f"the training loss diverges — {mean:.3g} at step {step}, {mean / best:.1f}x its best "
+                f"the training loss diverges — {mean:.3g} at step {step}, {_times(mean, best)} its best "
                 f"{best:.3g} and above its start {start:.3g}. Usual fixes: lower the learning rate "
                 "(try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
                 {"loss": mean, "best": best, "start": start},
             )
         ]
+
+
+def _times(value: float, base: float) -> str:
+    """``value`` as a multiple of ``base`` in words ("4.2x"; "far above" a best of exactly 0)."""
+    return f"{value / base:.1f}x" if base > 0 else "far above"
 
 
 def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Finding]:
@@ -303,11 +362,17 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
 
     Compares the median of the last window of steps with the window before (``stall_window`` steps each,
     an eighth of the run once the run is long: slow late progress is still progress) and with the
-    starting loss (median of the first ``loss_window`` steps). Batch-to-batch noise does not trigger
-    it: a healthy loss keeps falling, and a converged one lies far below half its start. On the
-    engine's bounded history (:mod:`hookscope.doctor.loss_history`: every loss of the start, an even
-    subsample after it) the windows count kept losses, so they still span an eighth of the run, and
-    the messages give their length in steps.
+    starting loss (median of the first ``loss_window`` steps). It stalled only when there is evidence
+    against a falling trend: the last window's median is not ``stall_drop`` below the one before, and
+    the losses of the two windows show no significant downward trend — Mann-Kendall's test
+    (:func:`falling_trend`: S, the sum of the signs of every later-minus-earlier pair, over its standard
+    deviation under "no trend", below ``-trend_z``). A rank test, so a loss that falls steadily but
+    slowly under batch noise (a small CNN at 2.30 -> 2.28 while its accuracy climbs) is falling however
+    small the fall, while flat noise, a bounce between two values and a few loss spikes are not. Batch-
+    to-batch noise does not trigger it: a healthy loss keeps falling, and a converged one lies far below
+    half its start. On the engine's bounded history (:mod:`hookscope.doctor.loss_history`: every loss of
+    the start, an even subsample after it) the windows count kept losses, so they still span an eighth
+    of the run, and the messages give their length in steps.
     """
     values = [v for _, v in losses]
     w = max(th.stall_window, len(values) // 8)
@@ -317,11 +382,15 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     previous, recent = statistics.median(values[-2 * w : -w]), statistics.median(values[-w:])
     if start <= 0 or recent < th.stall_level * start or recent < (1 - th.stall_drop) * previous:
         return []
+    trend = falling_trend(values[-2 * w :])
+    if trend < -th.trend_z:
+        return []
     since = losses[-2 * w][0]
     steps = losses[-1][0] - losses[-w][0] + 1  # the last window's length in steps
     ordered = sorted(values[-w:])
     spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
     evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
+    evidence["trend_z"] = trend
     if spread >= th.oscillation_spread:
         return [
             Finding(
@@ -352,6 +421,22 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
             evidence,
         )
     ]
+
+
+def falling_trend(values: Sequence[float]) -> float:
+    """Mann-Kendall's trend statistic of ``values`` (in order): ``z = (S -/+ 1) / sqrt(Var S)`` with
+    ``S = sum over i < j of sign(values[j] - values[i])`` and ``Var S = n (n - 1) (2n + 5) / 18`` (no
+    trend, no ties; the 1 is the continuity correction). About standard normal when the values are noise
+    around a level; clearly negative (below -1.645: one-sided 5%) when they fall on the whole, by
+    however little. It reads ranks only: a spike counts as one pair sign, not by its size."""
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return 0.0
+    s = float(np.triu(np.sign(x[None, :] - x[:, None]), k=1).sum())
+    if s == 0:
+        return 0.0
+    return (s - math.copysign(1.0, s)) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
 
 
 def not_updated(
@@ -554,8 +639,17 @@ def _streak(records: Sequence[Any], condition: Any) -> list[Any]:
     return list(records[len(records) - n :])
 
 
-def _growth(output_grads: dict[str, list[StepStats]]) -> dict[str, list[tuple[int, float]]]:
-    """Per layer, ``(step, RMS of its output gradient / RMS at the last layer)`` for the common steps."""
+def _growth(
+    output_grads: dict[str, list[StepStats]], widths: dict[str, int] | None = None
+) -> dict[str, list[tuple[int, float]]]:
+    """Per layer, ``(step, RMS of its output gradient / the yardstick)`` for the common steps.
+
+    The yardstick is the last layer's output-gradient RMS times ``sqrt(w_last / w_before)`` when the
+    last layer's output (``widths``: values per example) is wider than the one of the layer before it:
+    a layer fanning ``d`` values out to ``V`` passes back, at a unit-gain initialisation, a gradient
+    ``sqrt(V / d)`` larger per value, so the head's own fan-out is not counted as growth. A narrower
+    head (10 classes from 64 features) is left as it is: its scaling only ever raises the alarm's bar.
+    """
     rms = {
         name: {r.step: math.hypot(r.stats.mean, r.stats.std) for r in records if r.stats.finite}
         for name, records in output_grads.items()
@@ -563,9 +657,17 @@ def _growth(output_grads: dict[str, list[StepStats]]) -> dict[str, list[tuple[in
     rms = {name: values for name, values in rms.items() if values}
     if len(rms) < 2:
         return {}
-    last = rms[list(rms)[-1]]
+    names = list(rms)
+    widths = widths or {}
+    fan_out = widths.get(names[-1], 0) / max(widths.get(names[-2], 0), 1)
+    scale = math.sqrt(max(fan_out, 1.0))
+    last = rms[names[-1]]
     return {
-        name: [(step, v / last[step]) for step, v in sorted(values.items()) if last.get(step, 0.0) > 0.0]
+        name: [
+            (step, v / (last[step] * scale))
+            for step, v in sorted(values.items())
+            if last.get(step, 0.0) > 0.0
+        ]
         for name, values in rms.items()
     }
 

@@ -27,6 +27,8 @@ def with_parameters(name: str, module: nn.Module) -> bool:
 
 # Modules whose output holds their input's values, reshaped: their statistics repeat the layer before.
 RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity)
+PASS_THROUGH = (*RESHAPES, nn.modules.dropout._DropoutNd)
+"""Modules that make no units of their own: what their outputs show are their input's units."""
 
 
 def computing_leaves(name: str, module: nn.Module) -> bool:
