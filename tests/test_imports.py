@@ -343,11 +343,6 @@ def test_layering_check_sees_module_level_imports_only() -> None:
 
 # Pairs of modules that import each other today, in files this check's author did not own; each is to be
 # broken by the change that owns its files, and this list emptied (a pair that is gone must leave it).
-KNOWN_MUTUAL_IMPORTS = {
-    # train/data.py imports its samplers from train/distributed.py, which imports DataLoaders in a function
-    ("hookscope.train.data", "hookscope.train.distributed"),
-}
-
 # Where the layering holds for every import, those inside functions too (train/ still reaches the callback
 # catalogue from its convenience methods, so it is checked at module level only, by LAYERS).
 ANY_LEVEL_LAYERS = {
@@ -390,12 +385,9 @@ def mutual_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 def test_no_two_modules_import_each_other() -> None:
     pairs = mutual_imports(import_graph())
-    new = sorted(pairs - KNOWN_MUTUAL_IMPORTS)
-    assert not new, "modules that import each other (at any level):\n" + "\n".join(
-        f"  {a} <-> {b}" for a, b in new
+    assert not pairs, "modules that import each other (at any level):\n" + "\n".join(
+        f"  {a} <-> {b}" for a, b in sorted(pairs)
     )
-    gone = sorted(KNOWN_MUTUAL_IMPORTS - pairs)
-    assert not gone, f"these pairs no longer import each other: remove them from KNOWN_MUTUAL_IMPORTS: {gone}"
 
 
 def test_hooks_and_doctor_import_no_higher_layer_at_any_level() -> None:

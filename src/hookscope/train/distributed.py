@@ -318,14 +318,13 @@ class Session:
         if not is_distributed():
             return
         refuse_sharded_parameters(learn.model)
-        from hookscope.train.data import DataLoaders  # train.data imports this module
-
         self.seed = sampler_seed(learn.dls.train) if self.seed is None else self.seed
         ids = [learn.device.index] if learn.device.type == "cuda" else None
         self.ddp = nn.parallel.DistributedDataParallel(learn.model, device_ids=ids)
         self._user_dls = learn.dls
         dls = learn.dls
-        learn.dls = DataLoaders(
+        # the same kind of DataLoaders over the sharded loaders (train.data imports this module, not back)
+        learn.dls = type(dls)(
             self._shard(dls.train, training=True),
             self._shard(dls.valid, training=False) if dls.valid is not None else None,
             in_memory=dls.in_memory,
