@@ -47,6 +47,10 @@ from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
 
+# Records kept of each epoch's losses and of each validation phase: they grow by one an epoch, not a step;
+# ``overfitting`` and ``nonfinite_validation`` read the recent ones, so the oldest go past this bound.
+PER_EPOCH_RECORDS = 1024
+
 
 class Engine:
     """The doctor, loop-independent: statistics, rules, findings, deduplication and printing.
@@ -249,6 +253,7 @@ class Engine:
         """An epoch ended at training step ``step`` with these mean losses (host numbers the loop already
         read): the ``overfitting`` rule compares them across epochs at the next check."""
         self.epoch_losses.append((epoch, step, float(train_loss), float(valid_loss)))
+        del self.epoch_losses[:-PER_EPOCH_RECORDS]
 
     def record_losses(self, losses: Iterable[tuple[int, float]]) -> None:
         """Training losses already on the host, ``(step, loss)``, oldest first: what a check does with
@@ -498,6 +503,7 @@ class Engine:
         self.saturation.store(shares, host[: len(shares)])
         for (step, batches, _), bad in zip(valid, host[len(shares) :], strict=True):
             self.valid_phases.append((step, batches, int(bad)))
+        del self.valid_phases[:-PER_EPOCH_RECORDS]
 
 
 def _over_ranks(tensors: list[torch.Tensor], averaged: int) -> list[torch.Tensor]:
