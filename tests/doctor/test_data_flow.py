@@ -4,32 +4,13 @@ it lets the doctor name: those of the PyTorch examples' MNIST ``Net``, whose act
 import pytest
 import torch
 import torch.nn.functional as F
+from odd_runs import MnistNet  # mnist/main.py's Net: functional activations between modules
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.data.digits import digits_tensors
 from hookscope.doctor.data_flow import DataFlow
-
-
-class MnistNet(nn.Module):
-    """mnist/main.py's ``Net``: ``F.relu`` and ``F.max_pool2d`` between modules registered out of order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(self.dropout1(x), 1)
-        x = self.dropout2(F.relu(self.fc1(x)))
-        return F.log_softmax(self.fc2(x), dim=1)
 
 
 def _flow(model: nn.Module, *inputs: torch.Tensor) -> dict[str, str | None]:
