@@ -337,3 +337,14 @@ def test_every_deprecation_in_the_source_is_covered_here():
         "viz/feature_maps.py",
         "watching.py",
     }
+
+
+def test_graph_task_id_is_shared_by_one_backward_and_minus_one_outside() -> None:
+    a, b = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    seen: list[int] = []
+    for p in (a, b):
+        p.register_post_accumulate_grad_hook(lambda _: seen.append(compat.graph_task_id()))
+    (a * b).sum().backward()
+    (a * b).sum().backward()
+    assert seen[0] == seen[1] != seen[2] == seen[3]
+    assert compat.graph_task_id() == -1

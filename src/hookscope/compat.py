@@ -140,3 +140,11 @@ def tensor_version(tensor: torch.Tensor) -> int:
     memory), so an unchanged value proves nothing wrote to it. Autograd uses it to detect in-place
     modification; torch exposes it only as ``Tensor._version``. Checked on 2.14.1 (exists since 0.4)."""
     return tensor._version
+
+
+def graph_task_id() -> int:
+    """The id of the backward pass running now (autograd's graph task), -1 outside one: two parameters
+    reached by the same backward see the same id. torch exposes it only as
+    ``torch._C._current_graph_task_id``. Checked on 2.14.1 (added in 2.0); -1 where it is missing."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return int(current()) if current is not None else -1

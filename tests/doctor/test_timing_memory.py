@@ -2,6 +2,7 @@
 the collector's time is read from gc.callbacks."""
 
 import gc
+import mmap
 
 import numpy as np
 import torch
@@ -13,12 +14,14 @@ from hookscope.doctor.timing.memory import MemoryProbe
 def test_the_probe_follows_the_resident_memory():
     probe = MemoryProbe(torch.device("cpu"))
     before = probe.read()
-    kept = np.full(64 << 17, 1.0)  # 64 MB, every page touched
+    # 64 MB of fresh pages, every one touched: memory an earlier test freed cannot stand in for them
+    kept = mmap.mmap(-1, 64 << 20)
+    np.frombuffer(kept, dtype=np.uint8)[:: mmap.PAGESIZE] = 1
     after = probe.read()
     probe.close()
     assert 60 << 20 <= after - before <= 72 << 20
     assert probe.total > after
-    assert kept.sum() > 0
+    kept.close()
 
 
 def test_the_collectors_time_is_counted_between_takes():

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from hookscope import compat
 from hookscope.hooks.handles import HookSet
 
 DECIDE_WITHIN = 50
@@ -60,12 +61,6 @@ def _global_hook(owner: Adversaries) -> Any:
 
 def _params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _task_id() -> int:
-    """The id of the backward pass running now (autograd's graph task); -1 outside one."""
-    current = getattr(torch._C, "_current_graph_task_id", None)
-    return int(current()) if current is not None else -1
 
 
 class _Side:
@@ -182,7 +177,9 @@ class Adversaries:
         sentinel = next((p for p in side.params if p.requires_grad), None)
         if sentinel is None:
             return False  # frozen now: the next step tries again
-        self._sentinels.add(sentinel.register_post_accumulate_grad_hook(lambda _: side.tasks.add(_task_id())))
+        self._sentinels.add(
+            sentinel.register_post_accumulate_grad_hook(lambda _: side.tasks.add(compat.graph_task_id()))
+        )
         side.hooked = True
         return True
 
