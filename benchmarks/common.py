@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 
 def benchmark_args(description: str) -> argparse.Namespace:
@@ -75,3 +76,22 @@ def format_table(
     for name, reason in (skipped or {}).items():
         lines.append(f"  {name:<38}{'skipped':>10}  {reason}")
     return "\n".join(lines)
+
+
+def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = 10) -> Any:
+    """Drive a doctor recorder (attached already) from the optimizer's step hooks, as hs.watch drives the
+    engine: gradients read before each step, the step closed after it, the rules every ``check_every``."""
+    state = {"step": 0}
+    recorder.begin_batch(0, training=True)
+    opt.register_step_pre_hook(lambda *_: recorder.gradients_ready())
+
+    def stepped(*_: object) -> None:
+        recorder.step_done()
+        recorder.end_batch()
+        state["step"] += 1
+        if state["step"] % check_every == 0:
+            recorder.findings()
+        recorder.begin_batch(state["step"], training=True)
+
+    opt.register_step_post_hook(stepped)
+    return recorder

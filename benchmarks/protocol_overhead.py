@@ -21,7 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from common import CLOCKS, benchmark_args, format_table, median, paired_ratio, run_alternating
+from common import (
+    CLOCKS,
+    benchmark_args,
+    feed_from_optimizer,
+    format_table,
+    median,
+    paired_ratio,
+    run_alternating,
+)
 from torch import nn
 
 from hookscope.doctor.protocol import ProtocolRecorder
@@ -73,22 +81,11 @@ def train(
     """Seconds per step of a plain loop, bare or feeding a ProtocolRecorder."""
     model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    recorder, state = (ProtocolRecorder(total_steps=steps), {"step": 0}) if protocol else (None, {})
+    recorder = ProtocolRecorder(total_steps=steps) if protocol else None
     if recorder is not None:
         recorder.attach(model)
         recorder.watch_optimizer(opt)
-        recorder.begin_batch(0, training=True)
-        opt.register_step_pre_hook(lambda *_: recorder.gradients_ready())
-
-        def stepped(*_: object) -> None:
-            recorder.step_done()
-            recorder.end_batch()
-            state["step"] += 1
-            if state["step"] % CHECK_EVERY == 0:
-                recorder.findings()
-            recorder.begin_batch(state["step"], training=True)
-
-        opt.register_step_post_hook(stepped)
+        feed_from_optimizer(recorder, opt, CHECK_EVERY)
     loss_fn = nn.CrossEntropyLoss()
     start = clock()
     for i in range(steps):

@@ -30,7 +30,15 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import CLOCKS, benchmark_args, format_table, median, paired_ratio, run_alternating
+from common import (
+    CLOCKS,
+    benchmark_args,
+    feed_from_optimizer,
+    format_table,
+    median,
+    paired_ratio,
+    run_alternating,
+)
 from protocol_overhead import BATCH, Tiny, batches
 from stats_overhead import small_cnn
 from torch import nn
@@ -43,21 +51,9 @@ VARIANT = "+ TimingRecorder"
 
 def feed(model: nn.Module, opt: torch.optim.Optimizer) -> TimingRecorder:
     """A TimingRecorder fed from the optimizer's hooks, as hs.watch feeds the engine."""
-    recorder, state = TimingRecorder(), {"step": 0}
+    recorder = TimingRecorder()
     recorder.attach(model)
-    recorder.begin_batch(0, training=True)
-    opt.register_step_pre_hook(lambda *_: recorder.gradients_ready())
-
-    def stepped(*_: object) -> None:
-        recorder.step_done()
-        recorder.end_batch()
-        state["step"] += 1
-        if state["step"] % CHECK_EVERY == 0:
-            recorder.findings()
-        recorder.begin_batch(state["step"], training=True)
-
-    opt.register_step_post_hook(stepped)
-    return recorder
+    return feed_from_optimizer(recorder, opt, CHECK_EVERY)
 
 
 def train(
