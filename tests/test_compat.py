@@ -18,11 +18,11 @@ from torch import nn
 
 import hookscope as hs
 from hookscope import compat
-from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.callbacks.lr_finder import sweeping
 from hookscope.doctor.engine import Engine
 from hookscope.hooks.capture import Capture
 from hookscope.pruning.importance import activation_importance, importance
+from hookscope.run_reader import read_metrics
 from hookscope.train.events import CancelFitException
 from hookscope.watching import Watch
 
@@ -225,6 +225,7 @@ MOVED_NAMES = {
     ("hookscope.callbacks.schedule", "Schedule"): ("hookscope.callbacks.schedule", "Annealer"),
     ("hookscope.doctor.schedule", "Schedule"): ("hookscope.doctor.schedule", "RecordingSchedule"),
     ("hookscope.callbacks.recorder", "Recorder"): "hookscope.train.recorder",
+    ("hookscope.callbacks.loggers.metrics", "read_metrics"): "hookscope.run_reader",
     **{
         ("hookscope.doctor.records", name): f"hookscope.doctor.{home}"
         for name, home in {
@@ -333,6 +334,7 @@ def test_every_deprecation_in_the_source_is_covered_here():
         "callbacks/checkpoint.py",
         "callbacks/loggers/metrics.py",
         "callbacks/schedule.py",
+        "run_reader.py",
         "viz/report.py",
         "viz/feature_maps.py",
         "watching.py",

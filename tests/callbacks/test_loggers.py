@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks.loggers import MetricsLogger
-from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.metrics import accuracy
+from hookscope.run_reader import read_metrics
 
 
 def _learner(cbs, n=64, batch_size=8):

@@ -17,8 +17,8 @@ from hookscope.callbacks import (
     MixedPrecision,
     OneCycle,
 )
-from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.callbacks.lr_finder import suggest_lrs, sweeping
+from hookscope.run_reader import read_metrics
 
 
 def _learner(opt_func=torch.optim.AdamW, cbs=()):

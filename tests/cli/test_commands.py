@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hookscope.callbacks.loggers.metrics import read_metrics
 from hookscope.cli import main
+from hookscope.run_reader import read_metrics
 
 RUN_FILES = (
     "config.json",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -19,14 +19,24 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-from hookscope.callbacks.layer_stats import ActivationStats, GradientStats
 from hookscope.doctor.record_types import ParamRecord, StepStats
-from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 
 History = Mapping[str, Sequence[StepStats]]
 ParamHistory = Mapping[str, Sequence[ParamRecord]]
-# What recorded layer statistics: a statistics callback or a recorder (the Doctor's)
-Recorded = ActivationStats | GradientStats | ActivationRecorder | GradientRecorder
+
+
+class Recorded(Protocol):
+    """What recorded layer statistics: a statistics callback or a recorder (the Doctor's)."""
+
+    @property
+    def history(self) -> History: ...
+
+
+class RecordedParams(Protocol):
+    """What recorded parameter statistics: ``GradientStats`` or the Doctor's gradient recorder."""
+
+    @property
+    def param_history(self) -> ParamHistory: ...
 
 
 def colorful_dimension(
@@ -104,7 +114,7 @@ def activation_curves(
     return fig
 
 
-def gradient_flow(grad_stats: GradientStats | GradientRecorder | ParamHistory) -> Figure:
+def gradient_flow(grad_stats: RecordedParams | ParamHistory) -> Figure:
     """Gradient norm per layer, in model order: median over the recorded steps (bar), range (line), last
     step (dot); a second panel shows the update-to-weight ratio when it was recorded.
 

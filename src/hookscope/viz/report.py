@@ -20,9 +20,8 @@ from typing import Any
 
 from hookscope._deprecation import renamed_keywords
 from hookscope.atomic import atomic_write_text
-from hookscope.callbacks.loggers.metrics import read_metrics
+from hookscope.run_reader import REPORT, read_metrics
 
-REPORT = "report.html"
 WIDE_ASPECT = 2.4  # figures wider than this (loss + metrics side by side) take the whole row
 
 # (section title, figure file-name prefixes, what the reader looks at)

@@ -4,7 +4,8 @@ Both files hold the same rows, told apart by the ``kind`` column (``"epoch"`` or
 spreadsheet, pandas or ``jq`` read them without knowing hookscope. Step losses stay on the device until
 the end of the epoch (or ``flush_rows`` step rows) and are then read back in one transfer: logging never
 adds a per-step host sync. The files are then rewritten atomically, so a crash leaves the last complete
-version. The rows are part of ``state_dict``, so a resumed run continues the same files.
+version. The rows are part of ``state_dict``, so a resumed run continues the same files. They are read
+back with :func:`hookscope.run_reader.read_metrics`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from typing import Any
 
 import torch
 
-from hookscope._deprecation import renamed_keywords
+from hookscope._deprecation import moved_names, renamed_keywords
 from hookscope.atomic import atomic_write_text
 from hookscope.train.callback import Callback
 
 LEADING_COLUMNS = ("kind", "epoch", "step")
+
+# read_metrics reads a run folder, for viz as well: it lives below both, with the run folder's readers
+__getattr__ = moved_names(__name__, {"read_metrics": "hookscope.run_reader"})
 
 
 class MetricsLogger(Callback):
@@ -100,15 +104,6 @@ class MetricsLogger(Callback):
         for (epoch, step, _, lr), loss in zip(self._pending, losses, strict=True):
             self.rows.append({"kind": "step", "epoch": epoch, "step": step, "train_loss": loss, "lr": lr})
         self._pending = []
-
-
-@renamed_keywords(folder="path")
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``path/metrics.jsonl`` (empty when the file does not exist)."""
-    file = Path(path) / "metrics.jsonl"
-    if not file.is_file():
-        return []
-    return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _to_csv(rows: list[dict[str, Any]]) -> str:

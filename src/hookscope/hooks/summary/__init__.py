@@ -7,7 +7,7 @@ One module per job:
 - ``aggregate``: rows cut at ``depth``, MACs and parameters per row, model totals;
 - ``explain``: when the forward fails, the note naming the module and the shapes it received;
 - ``result``: :class:`Summary` and :class:`SummaryRow`, what :func:`summary` returns;
-- ``render``: the printed table.
+- ``render``: the table laid out: printed (rich), plain text, HTML for a notebook.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hookscope.hooks.summary.render import human, plain_text, renderable
+from hookscope.hooks.summary.render import Table, format_shapes, html, human, plain_text, renderable
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -32,6 +32,17 @@ class SummaryRow:
     macs: int = 0
     call: int = 0
     failed: bool = False
+
+    def cells(self) -> tuple[str, str, str, str, str]:
+        """The row as the table shows it: the name indented by depth, shapes, parameters and MACs."""
+        label = self.name or "(model)"
+        layer = f"{'  ' * self.depth}{label} ({self.type})"
+        if self.call:
+            layer += f" · call {self.call + 1}"
+        output = "✗ failed" if self.failed else format_shapes(self.output_shapes) or "--"
+        params = "(reused)" if self.call else f"{self.params:,}" if self.params else "--"
+        macs = human(self.macs) if self.macs else "--"
+        return layer, format_shapes(self.input_shapes) or "--", output, params, macs
 
 
 @dataclass
@@ -71,11 +82,39 @@ class Summary:
             row["output_shapes"] = [list(s) for s in row["output_shapes"]]
         return data
 
+    def table(self) -> Table:
+        """What the printed and the HTML table show: title, one row per call, then the totals."""
+        partial = " (partial: the forward failed)" if self.failed_module is not None else ""
+        failed = frozenset(i for i, row in enumerate(self.rows) if row.failed)
+        rows = [row.cells() for row in self.rows]
+        return Table(f"{self.model_type} summary{partial}", rows, failed, self._totals())
+
+    def _totals(self) -> list[str]:
+        lines = [
+            f"Total params: {self.total_params:,}",
+            f"Trainable params: {self.trainable_params:,}",
+            f"Non-trainable params: {self.non_trainable_params:,}",
+            f"Total MACs: {human(self.total_macs)}",
+            f"Params size: {human(self.param_bytes, 'B')}",
+            f"Buffers: {self.buffer_elements:,} elements, {human(self.buffer_bytes, 'B')}",
+            f"Input size: {human(self.input_bytes, 'B')}",
+            f"Forward activations (estimate): {human(self.activation_bytes, 'B')}",
+        ]
+        if self.failed_module is not None:
+            where = repr(self.failed_module) if self.failed_module else "the model's own forward"
+            lines.append(f"Forward failed in: {where}")
+        lines.extend(f"Note: {note}" for note in self.notes)
+        return lines
+
     def __rich__(self) -> Group:
-        return renderable(self)
+        return renderable(self.table())
 
     def __str__(self) -> str:
-        return plain_text(self)
+        return plain_text(self.table())
+
+    def _repr_html_(self) -> str:
+        """The table in a notebook: escaped HTML, failed rows in red, the totals under it."""
+        return html(self.table())
 
     def __repr__(self) -> str:
         status = f", failed in {self.failed_module!r}" if self.failed_module is not None else ""
