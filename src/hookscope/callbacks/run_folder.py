@@ -22,6 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.batch import split_batch
 from hookscope.hooks.summary import summary
 from hookscope.hooks.tensors import map_tensors
+from hookscope.run_reader import Run
 from hookscope.run_writer import (
     KIND,
     now_iso,
@@ -118,6 +120,12 @@ class RunFolder(Callback):
     def path(self) -> Path:
         """Where the files are now: the partial folder during the fit, the final one after it."""
         return self.folder.path if self.folder is not None else self.final
+
+    def _repr_html_(self) -> str:
+        """In a notebook, ``learn.run_folder`` shows the run inline: status, findings, then report.html."""
+        if not self.path.is_dir():
+            return f"<p>No run folder yet at <code>{escape(str(self.path))}</code>: the fit writes it.</p>"
+        return Run(self.path)._repr_html_()
 
     # ---- events ----------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from hookscope.doctor.findings import SEVERITIES, Finding
+from hookscope.doctor.findings import SEVERITIES, Finding, Findings
 
 # Whole-model conditions: the first finding says where it starts; later ones would repeat it.
 ONCE_PER_RUN = frozenset(
@@ -56,7 +56,7 @@ class FindingLog:
 
     def __init__(self, quiet: bool = False, max_print: int = 10) -> None:
         self.quiet, self.max_print = quiet, max_print
-        self.findings: list[Finding] = []
+        self.findings = Findings()
         self._seen: dict[tuple[str, str], int] = {}  # key -> the highest severity rank logged
         self._printed = 0
 
@@ -133,7 +133,7 @@ class FindingLog:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.findings = [Finding(**f) for f in state["findings"]]
+        self.findings = Findings(Finding(**f) for f in state["findings"])
         # an older log kept (kind, module) without a rank: logged at any severity
         self._seen = {(seen[0], seen[1]): int(seen[2]) if len(seen) > 2 else 2 for seen in state["seen"]}
         self._printed = state["printed"]

@@ -1,7 +1,9 @@
-"""What the doctor says: a :class:`Finding`, and the :class:`Thresholds` that decide when a rule fires.
+"""What the doctor says: a :class:`Finding`, the :class:`Findings` it keeps, and the :class:`Thresholds`
+that decide when a rule fires.
 
 They belong to no loop: the Learner's Doctor, ``hs.watch`` and the framework integrations all produce
-the same ``Finding`` objects, and ``hs.preflight`` returns them too.
+the same ``Finding`` objects, and ``hs.preflight`` returns them too. In a notebook a finding and a list
+of them show as a table (``_repr_html_``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from hookscope.html_table import SEVERITY_COLORS, html_table
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -44,6 +48,38 @@ class Finding:
 
     def __str__(self) -> str:
         return f"[{self.severity}] {self.kind}: {self.message}"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the finding as one table row, then the numbers behind it."""
+        evidence = [(key, _shown(value)) for key, value in self.evidence.items()]
+        numbers = html_table(("evidence", "value"), evidence) if evidence else ""
+        return _findings_table([self]) + numbers
+
+
+class Findings(list[Finding]):
+    """A list of findings (what ``learn.doctor.findings``, ``w.findings`` hold) that a notebook shows as a
+    table, most severe first and each symptom under the cause that explains it (:func:`ranked`); the
+    list itself keeps the order in which they appeared."""
+
+    def _repr_html_(self) -> str:
+        if not self:
+            return "<p>Doctor: no finding.</p>"
+        return _findings_table(ranked(self))
+
+
+def _findings_table(findings: list[Finding]) -> str:
+    explained = {key for f in findings for key in f.explains}
+    rows = [
+        (f.severity, f"↳ {f.kind}" if f.key in explained else f.kind, f.module, f.step, f.message)
+        for f in findings
+    ]
+    colors = {i: SEVERITY_COLORS.get(f.severity, "") for i, f in enumerate(findings)}
+    caption = f"{len(findings)} finding{'s' if len(findings) != 1 else ''}"
+    return html_table(("severity", "kind", "module", "step", "message"), rows, colors=colors, caption=caption)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def ranked(findings: Iterable[Finding]) -> list[Finding]:

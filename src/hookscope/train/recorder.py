@@ -21,11 +21,33 @@ from typing import Any
 
 import torch
 
+from hookscope.html_table import html_table
 from hookscope.metrics import is_stateful, metric_name
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 
 _CHUNK = 1024  # per-step losses are stacked into one tensor every _CHUNK steps to keep few objects alive
+
+
+class History(list[dict[str, Any]]):
+    """``learn.recorder.history``: one dict per epoch, a plain list that a notebook shows as a table (one
+    row per epoch, one column per key; numbers to four decimals, ``time`` in seconds)."""
+
+    def _repr_html_(self) -> str:
+        if not self:
+            return "<p>No epoch recorded yet.</p>"
+        columns = list(dict.fromkeys(key for row in self for key in row))
+        rows = [[_cell(row.get(key, "")) for key in columns] for row in self]
+        numeric = [i for i, key in enumerate(columns) if any(_is_number(row.get(key)) for row in self)]
+        return html_table(columns, rows, numeric=numeric)
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class Recorder(Callback):
@@ -76,6 +98,10 @@ class Recorder(Callback):
     def metric_names(self) -> list[str]:
         """History keys of the learner's metrics, in order."""
         return [metric_name(m) for m in self.learn.metrics]
+
+    def _repr_html_(self) -> str:
+        """In a notebook, ``learn.recorder`` shows its history as a table."""
+        return self.history._repr_html_()
 
     # ---- recording a callback's values ---------------------------------------------------------------
 
@@ -209,7 +235,7 @@ class Recorder(Callback):
         """Restore the records; the next ``fit`` continues them instead of starting afresh (resume), and a
         resumed epoch's ``train_loss`` also counts the batches done before the save."""
         self._reset()
-        self.history = [dict(row) for row in state["history"]]
+        self.history = History(dict(row) for row in state["history"])
         self._chunks = [torch.tensor(state["losses"], dtype=torch.float32)]
         self._lrs = list(state["lrs"])
         self._ema = torch.tensor(state["smooth"]["ema"])
@@ -224,7 +250,7 @@ class Recorder(Callback):
     # ---- helpers -------------------------------------------------------------------------------------
 
     def _reset(self) -> None:
-        self.history: list[dict[str, Any]] = []
+        self.history = History()
         self._chunks: list[torch.Tensor] = []
         self._pending: list[torch.Tensor] = []
         self._unsmoothed: list[torch.Tensor] = []

@@ -52,8 +52,9 @@ def plain_text(table: Table) -> str:
     from rich.console import Console
 
     buffer = io.StringIO()
-    # Wide enough that rows never wrap: the table itself is only as wide as its content.
-    console = Console(file=buffer, width=1000, color_system=None, force_terminal=False)
+    # Wide enough that rows never wrap: the table itself is only as wide as its content. Never Jupyter's
+    # display: in a notebook rich would show the table there and leave the text (summary.txt) empty.
+    console = Console(file=buffer, width=1000, color_system=None, force_terminal=False, force_jupyter=False)
     console.print(renderable(table))
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
