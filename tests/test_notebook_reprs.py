@@ -4,6 +4,7 @@ and a run folder — real tables with the values, every name and message escaped
 import html
 import re
 
+import pytest
 import torch
 from torch import nn
 
@@ -142,3 +143,21 @@ def test_a_run_folder_shows_its_findings_and_its_report_inline(tmp_path):
     assert "complete" in page and run.config["status"] == "complete"
     assert repr(run) == f"Run({str(tmp_path / 'run')!r}, complete, {len(run.findings)} findings)"
     assert [r["kind"] for r in run.metrics][-1] == "epoch"
+
+
+def test_a_watch_folder_reads_back_as_a_run(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hs.watch(model, opt, quiet=True, path=tmp_path / "w") as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+    run = Run(tmp_path / "w")
+    assert run.findings == w.findings and run.config["source"] == "hs.watch"
+    assert "<iframe srcdoc=" in run._repr_html_()
+
+
+def test_a_run_of_a_path_that_is_no_folder_says_what_to_pass(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder; pass a run folder written by"):
+        Run(tmp_path / "nothing")
