@@ -217,5 +217,5 @@ class NotebookProgress:
         return {"text/plain": "\n".join([*self._lines, *text]), "text/html": f"<div>{lines}{html}</div>"}
 
     def _text_bar(self, completed: int, total: int) -> str:
-        done = round(self.WIDTH * completed / total) if total else self.WIDTH
+        done = min(self.WIDTH, round(self.WIDTH * completed / total)) if total else self.WIDTH
         return "█" * done + "░" * (self.WIDTH - done)
