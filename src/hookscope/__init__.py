@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from hookscope.doctor.preflight import preflight
     from hookscope.hooks.ablate import ablate
     from hookscope.hooks.capture import capture
+    from hookscope.hooks.compare import compare
     from hookscope.hooks.nonfinite import find_nonfinite
     from hookscope.hooks.patch import patch
     from hookscope.hooks.select import select
@@ -39,6 +40,7 @@ __all__ = [
     "callbacks",
     "capture",
     "compact",
+    "compare",
     "diagnose",
     "export_safetensors",
     "finalize_pruning",
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_exports(
         "diagnose": "hookscope.callbacks.doctor",
         "ablate": "hookscope.hooks.ablate",
         "capture": "hookscope.hooks.capture",
+        "compare": "hookscope.hooks.compare",
         "find_nonfinite": "hookscope.hooks.nonfinite",
         "patch": "hookscope.hooks.patch",
         "select": "hookscope.hooks.select",
