@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hookscope.train.checkpoint import export_safetensors, load_checkpoint
     from hookscope.train.data import DataLoaders
     from hookscope.train.learner import Learner
+    from hookscope.viz.compare_runs import compare_runs
     from hookscope.watching import watch
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "capture",
     "compact",
     "compare",
+    "compare_runs",
     "diagnose",
     "export_safetensors",
     "finalize_pruning",
@@ -82,6 +84,7 @@ __getattr__, __dir__ = lazy_exports(
         "DataLoaders": "hookscope.train.data",
         "Learner": "hookscope.train.learner",
         "watch": "hookscope.watching",
+        "compare_runs": "hookscope.viz.compare_runs",
     },
     submodules=("callbacks", "metrics", "testing", "viz"),
     # Plain data types and exceptions live in their modules only (hookscope.train.events.CancelFitException,
