@@ -91,6 +91,7 @@ def test_the_same_model_agrees_and_is_left_as_found(resnets):
     assert result.identical and result.first_divergent is None
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert str(result).startswith("The two models agree")
+    assert repr(result) == "Comparison(first_divergent=None, phase=None, op=None, 76 module calls)"
     assert sum(1 for m in model.modules() for _ in m._forward_hooks) == 0
 
 

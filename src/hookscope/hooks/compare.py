@@ -70,7 +70,7 @@ class LayerDiff:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Comparison:
     """What :func:`compare` found: one :class:`LayerDiff` per module call in execution order, the
     ``first_divergent`` module (None: the models agree within tolerance), the ``phase`` where they part
@@ -147,6 +147,12 @@ class Comparison:
 
     def __str__(self) -> str:
         return f"{self.paragraph()}\n\n{self.table()}"
+
+    def __repr__(self) -> str:
+        return (
+            f"Comparison(first_divergent={self.first_divergent!r}, phase={self.phase!r}, op={self.op!r}, "
+            f"{len(self.layers)} module calls)"
+        )
 
     def _repr_html_(self) -> str:
         head = "".join(

@@ -78,7 +78,7 @@ class RunData:
         return str(self.config.get("name") or self.path.name)
 
 
-@dataclass
+@dataclass(repr=False)
 class RunComparison:
     """Two runs side by side (see the module docstring): ``config_diff`` rows ``(key, a, b)``, each run's
     data, every series' :class:`Parting` (``partings``, earliest first) and ``first`` of them (None: the runs
@@ -146,6 +146,9 @@ class RunComparison:
 
     def __str__(self) -> str:
         return self.verdict()
+
+    def __repr__(self) -> str:
+        return f"RunComparison({self.a.name!r} vs {self.b.name!r}, first={self.first!r})"
 
 
 def read_run(path: str | Path) -> RunData:
