@@ -131,6 +131,29 @@ def test_a_difference_only_in_the_backward_is_blamed_on_its_module_and_node():
     assert "backward passes part at `2` (Gate)" in str(result)
 
 
+class Scaled(nn.Module):
+    """Two submodules with code of its own between them: ``x * scale``."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.a, self.b, self.scale = nn.Linear(4, 8), nn.Linear(8, 8), scale
+
+    def forward(self, x):
+        return self.b(self.a(x) * self.scale)
+
+
+def test_a_difference_made_by_a_containers_own_code_is_blamed_on_the_container():
+    torch.manual_seed(0)
+    model = nn.Sequential(Scaled(1.0), nn.Tanh())
+    other = copy.deepcopy(model)
+    other[0].scale = 1.5
+    result = hs.compare(model, other, X)
+    # `0.b` is the first output that differs, but its input already did: `0`'s own code made it
+    assert result.layer("0.b").beyond and not result.layer("0.a").beyond
+    assert result.first_divergent == "0" and result.op == "aten.mul"
+    assert "the input of `0.b` inside it already differs" in result.reason
+
+
 class Cut(nn.Module):
     def forward(self, x):
         return x.detach()
@@ -165,7 +188,7 @@ def test_text_html_and_figure_show_every_module(resnets):
     text = str(result)
     paragraph, table = text.split("\n\n", 1)
     later = sum(row.beyond for row in result.layers) - 1
-    assert later == 32 and f"The {later} later differences follow from it." in paragraph
+    assert later == 32 and f"The {later} other differences follow from it." in paragraph
     assert len(table.splitlines()) == len(result.layers) + 2
     assert "<- first" in next(line for line in table.splitlines() if line.startswith("layer3.0.conv2 "))
     page = result._repr_html_()

@@ -11,7 +11,8 @@ alone). Modules are matched by qualified name, through ``names=`` where the port
 *First* means the origin, not the first row that differs: a difference propagates to every later layer, so
 
 - **forward**: the first module, in the order outputs are produced, whose output is beyond tolerance — its
-  inputs came from modules that finished earlier and matched;
+  inputs came from modules that finished earlier and matched. When its input already differs, the code
+  around it made the difference (``x * 2`` between two submodules): its parent module is named instead;
 - **backward** (only when every output and the loss match): walking the modules in the order the backward
   reaches them, the first whose gradient w.r.t. its output still matches but whose gradients w.r.t. its
   inputs or its own parameters do not — its own backward made the difference.
@@ -88,6 +89,7 @@ class Comparison:
     only_in_b: list[str] = field(default_factory=list)
     reason: str = ""  # why the first divergent module is the origin, in words
     op_where: str = ""  # where ``op`` sits in the module, in words
+    first_call: int = 0  # which call of the first divergent module (one that runs several times)
 
     @property
     def identical(self) -> bool:
@@ -119,7 +121,7 @@ class Comparison:
                 f"The two models agree: every one of the {len(self.layers)} compared values is within "
                 f"tolerance ({tolerance}).{extra}"
             )
-        row = self.layer(self.first_divergent)
+        row = next(row for row in self.layers if self._is_first(row))
         renamed = f"; `{row.name_b}` in model_b" if row.name_b != row.name else ""
         where = f"`{row.name}` ({row.module_type}{renamed})"
         op = f" The difference starts at {self.op_where}." if self.op else ""
@@ -128,18 +130,15 @@ class Comparison:
                 f"The forward passes agree within {tolerance}, but the backward passes part at {where}: the "
                 f"gradient w.r.t. its output still matches, and {self.reason}.{op}{extra}"
             )
-        later = sum(r.beyond for r in self.layers) - 1
-        follow = (
-            f" The {later} later difference{'s follow' if later != 1 else ' follows'} from it."
-            if later
-            else ""
-        )
+        others = sum(r.beyond for r in self.layers) - 1
+        plural = "s follow" if others != 1 else " follows"
+        follow = f" The {others} other difference{plural} from it." if others else ""
         return f"The models part in the forward pass at {where}: {self.reason}.{follow}{op}{extra}"
 
     def table(self) -> str:
         """One row per compared module call: differences of outputs and gradients, '!' beyond tolerance."""
         header = ("module", "type", "shape", "max abs", "max rel", "grad abs", "param grad abs", "")
-        rows = [header] + [_row_cells(row, row.name == self.first_divergent) for row in self.layers]
+        rows = [header] + [_row_cells(row, self._is_first(row)) for row in self.layers]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
@@ -147,6 +146,9 @@ class Comparison:
 
     def __str__(self) -> str:
         return f"{self.paragraph()}\n\n{self.table()}"
+
+    def _is_first(self, row: LayerDiff) -> bool:
+        return row.name == self.first_divergent and row.call == self.first_call
 
     def __repr__(self) -> str:
         return (
@@ -160,8 +162,8 @@ class Comparison:
             for h in ("module", "type", "shape", "max abs", "max rel", "grad abs", "param grad abs", "")
         )
         body = "".join(
-            f'<tr style="{_html_style(row, row.name == self.first_divergent)}">'
-            + "".join(f"<td>{html.escape(c)}</td>" for c in _row_cells(row, row.name == self.first_divergent))
+            f'<tr style="{_html_style(row, self._is_first(row))}">'
+            + "".join(f"<td>{html.escape(c)}</td>" for c in _row_cells(row, self._is_first(row)))
             + "</tr>"
             for row in self.layers
         )
@@ -202,17 +204,24 @@ def compare(
     run_b = _run(model_b, args, kwargs, loss_func, targets, rng)
     restore_torch_rng(rng)
     layers = _layer_diffs(run_a, run_b, model_a, model_b, mapping, rtol, atol)
-    in_b = {mapping.get(name, name) for name in _module_names(model_a)}
-    only_a = [n for n in _module_names(model_a) if mapping.get(n, n) not in set(_module_names(model_b))]
-    only_b = [n for n in _module_names(model_b) if n not in in_b]
-    first, phase, reason = _first_forward(layers, rtol, atol)
+    names_a, names_b = _module_names(model_a), _module_names(model_b)
+    matched = {mapping.get(name, name) for name in names_a}
+    only_a = [name for name in names_a if mapping.get(name, name) not in set(names_b)]
+    only_b = [name for name in names_b if name not in matched]
+    first, reason = _first_forward(layers, rtol, atol)
+    if first is not None and not first.note:
+        first, reason = _made_by_parent(first, reason, layers, run_a, run_b, rtol, atol)
+    phase = "forward" if first is not None else None
     if first is None and loss_func is not None:
-        first, phase, reason = _first_backward(layers, run_a, run_b, rtol, atol)
+        first, reason = _first_backward(layers, run_a, run_b, rtol, atol)
+        phase = "backward" if first is not None else None
+    if first is None:
+        return Comparison(layers, None, None, None, rtol, atol, only_a, only_b)
     found = None
-    if first is not None and first not in (OUTPUT, LOSS) and not _named(layers, first).note:
-        found = _blame_op(model_a, model_b, run_a, first, mapping.get(first, first), phase, rng, rtol, atol)
+    if first.name != LOSS and not first.note:
+        found = _blame_op(model_a, model_b, run_a, first, phase, rng, rtol, atol)
     op, where = found if found else (None, "")
-    return Comparison(layers, first, phase, op, rtol, atol, only_a, only_b, reason, where)
+    return Comparison(layers, first.name, phase, op, rtol, atol, only_a, only_b, reason, where, first.call)
 
 
 # ------------------------------------------------------------------------------------------- one model
@@ -244,6 +253,7 @@ def _run(
             if loss is not None and loss.requires_grad and params:
                 grads = list(torch.autograd.grad(loss.sum(), [p for _, p in params], allow_unused=True))
     values, order, backward = _indexed(cap)
+    values[(OUTPUT, 0, "input")] = (*args, kwargs) if kwargs else args
     values[(OUTPUT, 0, "output")] = _detached(pred)
     order.append((OUTPUT, 0))
     if loss is not None:
@@ -381,26 +391,44 @@ def _param_grad_diff(
     return _diff([a for a, _ in pairs], [b for _, b in pairs], rtol, atol)
 
 
-def _named(layers: list[LayerDiff], name: str) -> LayerDiff:
-    return next(row for row in layers if row.name == name)
-
-
-def _first_forward(layers: list[LayerDiff], rtol: float, atol: float) -> tuple[str | None, str | None, str]:
+def _first_forward(layers: list[LayerDiff], rtol: float, atol: float) -> tuple[LayerDiff | None, str]:
+    """The first module call whose output is beyond tolerance, and why it is the origin, in words."""
     first = next((row for row in layers if row.beyond), None)
     if first is None:
-        return None, None, ""
+        return None, ""
     if first.note:
-        return first.name, "forward", first.note
+        return first, first.note
     reason = (
         f"every module before it matches within rtol={rtol:g}, atol={atol:g}, and its output differs by up "
         f"to {_num(first.max_abs)} ({_num(first.max_rel)} of its scale)"
     )
-    return first.name, "forward", reason
+    return first, reason
+
+
+def _made_by_parent(
+    first: LayerDiff, reason: str, layers: list[LayerDiff], run_a: _Run, run_b: _Run, rtol: float, atol: float
+) -> tuple[LayerDiff, str]:
+    """When the first differing module already received a differing input, every module before it
+    matched: the difference was made by its parent's own code (a ``x * 2`` between two submodules)."""
+    key_b = (first.name_b, first.call, "input")
+    received = _diff(run_a.values.get((first.name, first.call, "input")), run_b.values.get(key_b), rtol, atol)
+    if not received.beyond:
+        return first, reason
+    parent = first.name.rpartition(".")[0] or OUTPUT
+    after = layers[layers.index(first) :]
+    enclosing = next((row for row in after if row.name == parent), None)
+    if enclosing is None:
+        return first, reason
+    owner = "the model's own forward" if parent == OUTPUT else f"`{parent}`"
+    return enclosing, (
+        f"the input of `{first.name}` inside it already differs while every module before it matches, so "
+        f"{owner} made the difference in its own code, between its submodules"
+    )
 
 
 def _first_backward(
     layers: list[LayerDiff], run_a: _Run, run_b: _Run, rtol: float, atol: float
-) -> tuple[str | None, str | None, str]:
+) -> tuple[LayerDiff | None, str]:
     """Backward order: the first module whose output gradient matches but whose own backward does not (a
     container is passed over for the child inside it that made the difference)."""
     rows = {(row.name, row.call): row for row in layers}
@@ -412,8 +440,8 @@ def _first_backward(
             flagged.append((rows[key], reason))
     for row, reason in flagged:
         if not any(other.name.startswith(row.name + ".") for other, _ in flagged):
-            return row.name, "backward", reason
-    return None, None, ""
+            return row, reason
+    return None, ""
 
 
 def _own_backward_differs(row: LayerDiff, run_a: _Run, run_b: _Run, rtol: float, atol: float) -> str:
@@ -453,48 +481,63 @@ def _blame_op(
     model_a: nn.Module,
     model_b: nn.Module,
     run_a: _Run,
-    name: str,
-    name_b: str,
-    phase: str | None,
+    row: LayerDiff,
+    phase: str,
     rng: Any,
     rtol: float,
     atol: float,
 ) -> tuple[str, str] | None:
-    """Replay module ``name`` of each model alone on model_a's input; the first op whose results differ."""
-    call = max(c for n, c in run_a.order if n == name)
-    captured = run_a.values.get((name, call, "input"))
+    """Replay the module of ``row`` in each model alone on model_a's input; the first op whose results
+    differ."""
+    captured = run_a.values.get((row.name, row.call, "input"))
     if captured is None:
         return None
-    args = captured if isinstance(captured, tuple) else (captured,)
-    modules = (model_a.get_submodule(name), model_b.get_submodule(name_b))
+    args, kwargs = _call_arguments(captured)
+    modules = (_module(model_a, row.name), _module(model_b, row.name_b))
     try:
         if phase == "forward":
-            traces = [_forward_ops(m, args, rng) for m in modules]
+            traces = [_forward_ops(m, args, kwargs, rng) for m in modules]
         else:
-            grad = run_a.values.get((name, call, "grad_output"))
-            traces = [_backward_nodes(m, args, grad, rng) for m in modules]
+            grad = run_a.values.get((row.name, row.call, "grad_output"))
+            traces = [_backward_nodes(m, args, kwargs, grad, rng) for m in modules]
     except Exception:  # a module that cannot run alone (it needs its parent's state): no op to name
         return None
     return _first_op_apart(*traces, rtol=rtol, atol=atol)
 
 
-def _forward_ops(module: nn.Module, args: tuple, rng: Any) -> list[tuple[str, list[torch.Tensor]]]:
+def _call_arguments(captured: Any) -> tuple[tuple, dict]:
+    """The ``(args, kwargs)`` back from what capture's ``"input"`` kept: one value, or the positional
+    arguments with the keyword ones as a last dict."""
+    if not isinstance(captured, tuple):
+        return (captured,), {}
+    if captured and isinstance(captured[-1], dict):
+        return captured[:-1], captured[-1]
+    return captured, {}
+
+
+def _forward_ops(
+    module: nn.Module, args: tuple, kwargs: dict, rng: Any
+) -> list[tuple[str, list[torch.Tensor]]]:
     with _buffers_kept(module), torch.no_grad():
         restore_torch_rng(rng)
         with _OpRecorder() as trace:
-            module(*args)
+            module(*args, **kwargs)
     return trace.ops
 
 
+def _module(model: nn.Module, name: str) -> nn.Module:
+    return model if name == OUTPUT else model.get_submodule(name)
+
+
 def _backward_nodes(
-    module: nn.Module, args: tuple, grad: Any, rng: Any
+    module: nn.Module, args: tuple, kwargs: dict, grad: Any, rng: Any
 ) -> list[tuple[str, list[torch.Tensor]]]:
     """Each autograd node the module's backward runs, in order, with the gradients it computed."""
     nodes: list[tuple[str, list[torch.Tensor]]] = []
     inputs = [_leaf(a) for a in args]
     with _buffers_kept(module):
         restore_torch_rng(rng)
-        out = module(*inputs)
+        out = module(*inputs, **kwargs)
     outs = [t for t in tensors_in(out) if t.requires_grad]
     grads = [g for g in tensors_in(grad)] if grad is not None else []
     if not outs or len(grads) != len(outs):
