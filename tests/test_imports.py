@@ -146,7 +146,14 @@ def test_callbacks_and_learner_load_nothing_heavy() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["train", "--help"], ["inspect", "--help"], ["summary", "--help"], ["report", "--help"]],
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["inspect", "--help"],
+        ["summary", "--help"],
+        ["report", "--help"],
+        ["compare", "--help"],
+    ],
     ids=lambda argv: " ".join(argv),
 )
 def test_help_does_not_import_torch(argv: list[str]) -> None:

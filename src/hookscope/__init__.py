@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from hookscope.doctor.preflight import preflight
     from hookscope.hooks.ablate import ablate
     from hookscope.hooks.capture import capture
+    from hookscope.hooks.compare import compare
     from hookscope.hooks.nonfinite import find_nonfinite
     from hookscope.hooks.patch import patch
     from hookscope.hooks.select import select
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from hookscope.train.checkpoint import export_safetensors, load_checkpoint
     from hookscope.train.data import DataLoaders
     from hookscope.train.learner import Learner
+    from hookscope.viz.compare_runs import compare_runs
     from hookscope.watching import watch
 
 __version__ = "0.1.0"
@@ -39,6 +41,8 @@ __all__ = [
     "callbacks",
     "capture",
     "compact",
+    "compare",
+    "compare_runs",
     "diagnose",
     "export_safetensors",
     "finalize_pruning",
@@ -64,6 +68,7 @@ __getattr__, __dir__ = lazy_exports(
         "diagnose": "hookscope.callbacks.doctor",
         "ablate": "hookscope.hooks.ablate",
         "capture": "hookscope.hooks.capture",
+        "compare": "hookscope.hooks.compare",
         "find_nonfinite": "hookscope.hooks.nonfinite",
         "patch": "hookscope.hooks.patch",
         "select": "hookscope.hooks.select",
@@ -79,6 +84,7 @@ __getattr__, __dir__ = lazy_exports(
         "DataLoaders": "hookscope.train.data",
         "Learner": "hookscope.train.learner",
         "watch": "hookscope.watching",
+        "compare_runs": "hookscope.viz.compare_runs",
     },
     submodules=("callbacks", "metrics", "testing", "viz"),
     # Plain data types and exceptions live in their modules only (hookscope.train.events.CancelFitException,

@@ -1,4 +1,4 @@
-"""The ``hookscope`` command: ``train``, ``inspect``, ``summary`` and ``report``.
+"""The ``hookscope`` command: ``train``, ``inspect``, ``summary``, ``report`` and ``compare``.
 
 Exit codes: 0 success, 1 runtime failure (training failed, a folder cannot be written), 2 usage error (a
 model, data, image or input size that cannot be used; argparse's own errors). Every error is one line on
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(commands, common)
     _add_summary(commands, common)
     _add_report(commands, common)
+    _add_compare(commands, common)
     return parser
 
 
@@ -214,6 +215,21 @@ def _add_report(commands: argparse._SubParsersAction, common: argparse.ArgumentP
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by hookscope train")
     p.set_defaults(handler=_handler("report"))
+
+
+def _add_compare(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = commands.add_parser(
+        "compare",
+        parents=[common],
+        help="compare two run folders and write compare.html: where they part, config, curves, findings",
+        description="Compare RUN_A and RUN_B (folders written by hookscope train): config differences, "
+        "metric curves overlaid, the first step and layer where their statistics part beyond noise, and "
+        "the findings of each, in DIR/compare.html.",
+    )
+    p.add_argument("run_a", metavar="RUN_A", help="a folder written by hookscope train")
+    p.add_argument("run_b", metavar="RUN_B", help="another one")
+    p.add_argument("--out", default=".", metavar="DIR", help="where to write compare.html (default: here)")
+    p.set_defaults(handler=_handler("compare"))
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,255 @@
+"""``hs.compare_runs(a, b)`` and ``hookscope compare RUN_A RUN_B``: two run folders on one page.
+
+The page, ``compare.html``, is self-contained like ``report.html`` (figures inline, the same style sheet,
+no network): where the runs part and the evidence for it, their config differences, their metric curves
+overlaid, every layer's first parting step per kind of statistic, and each run's findings. What "part"
+means is in :mod:`hookscope.viz.run_diff`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookscope.atomic import atomic_write_text
+from hookscope.viz.report import _fmt, _layer, _page, _section, _severity, _table
+from hookscope.viz.run_diff import NOISE_MULTIPLE, Parting, RunComparison, RunData, diff_runs, read_run
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+PAGE = "compare.html"
+COLORS = ("#2f6fde", "#e0582b")  # run A, run B
+
+
+def compare_runs(a: str | Path, b: str | Path, out: str | Path | None = None) -> RunComparison:
+    """Compare the run folders ``a`` and ``b``; with ``out``, also write ``out/compare.html``.
+
+    Returns the :class:`~hookscope.viz.run_diff.RunComparison`: ``str()`` of it says where the runs part,
+    ``.first`` is the earliest parting (step, layer, statistic), ``.identical`` whether nothing differs,
+    ``.page`` the page written.
+    """
+    comparison = diff_runs(read_run(a), read_run(b))
+    if out is not None:
+        comparison.page = write_compare_page(comparison, out)
+    return comparison
+
+
+def write_compare_page(comparison: RunComparison, out: str | Path) -> Path:
+    """Write ``out/compare.html`` for ``comparison`` and return its path."""
+    a, b = comparison.a, comparison.b
+    body = [
+        _header(comparison),
+        _section("Where they part", _PARTING_LEAD, _parting_body(comparison)),
+        _section("Configuration differences", "", _config_body(comparison)),
+        _section("Metric curves", "Run A solid, run B dashed.", _metrics_body(a, b)),
+        _section("Per-layer statistics", _LAYERS_LEAD, _layers_body(comparison)),
+        _section("Findings", "What the doctor found in each run.", _findings_body(a, b)),
+    ]
+    page = _page(f"hookscope: {a.name} vs {b.name}", "\n".join(body))
+    return atomic_write_text(Path(out) / PAGE, page)
+
+
+_PARTING_LEAD = (
+    f"A statistic parts when the runs differ by more than {NOISE_MULTIPLE:g} times its step-to-step noise "
+    "(the median change between consecutive records within a run, the larger of the two)."
+)
+_LAYERS_LEAD = (
+    "The first recorded step where each layer's statistic parts beyond noise (— : it never does). From the "
+    "doctor's history kept in checkpoints/last.pt."
+)
+
+
+def _header(comparison: RunComparison) -> str:
+    a, b = comparison.a, comparison.b
+    verdict = "identical" if comparison.identical else "parted" if comparison.first else "close"
+    return (
+        f"<header><h1>hookscope compare: <code>{html.escape(a.name)}</code> vs "
+        f"<code>{html.escape(b.name)}</code></h1>"
+        f"<p>A: <code>{html.escape(str(a.path))}</code> · B: <code>{html.escape(str(b.path))}</code></p>"
+        f'<p id="verdict" class="verdict-{verdict}">{html.escape(comparison.verdict())}</p></header>'
+    )
+
+
+def _parting_body(comparison: RunComparison) -> str:
+    firsts = _first_per_kind(comparison.partings)
+    if not firsts:
+        return '<p class="note">No per-layer statistic parts beyond its noise.</p>'
+    rows = [
+        [
+            html.escape(p.kind),
+            f"<code>{html.escape(p.layer)}</code>",
+            html.escape(p.stat or "—"),
+            html.escape(_fmt(p.step)),
+            html.escape(_fmt(p.a)),
+            html.escape(_fmt(p.b)),
+            html.escape(_fmt(p.noise)),
+        ]
+        for p in firsts
+    ]
+    table = _table(["kind", "layer", "statistic", "step", "A", "B", "noise"], rows, {3, 4, 5, 6}, "parting")
+    return table + _figure_html(_parting_figure(comparison, firsts), "The first parting series of each kind")
+
+
+def _config_body(comparison: RunComparison) -> str:
+    if not comparison.config_diff:
+        return '<p class="note">The same config (names, paths and times aside).</p>'
+    rows = [
+        [f"<code>{html.escape(k)}</code>", html.escape(_fmt(va)), html.escape(_fmt(vb))]
+        for k, va, vb in comparison.config_diff
+    ]
+    return _table(["option", "A", "B"], rows, set(), "config")
+
+
+def _metrics_body(a: RunData, b: RunData) -> str:
+    if not a.metrics and not b.metrics:
+        return '<p class="note">Neither run wrote metrics.jsonl.</p>'
+    last = [_last_epoch(a.metrics), _last_epoch(b.metrics)]
+    keys = [k for k in dict.fromkeys([*last[0], *last[1]]) if k not in ("kind", "time")]
+    rows = [
+        [html.escape(k), html.escape(_fmt(last[0].get(k))), html.escape(_fmt(last[1].get(k)))] for k in keys
+    ]
+    table = _table(["last epoch", "A", "B"], rows, {1, 2}, "metrics")
+    return _figure_html(_metrics_figure(a, b), "Loss and metrics of both runs") + table
+
+
+def _layers_body(comparison: RunComparison) -> str:
+    a, b = comparison.a, comparison.b
+    if not a.layers or not b.layers:
+        why = a.layers_note or b.layers_note or "the runs recorded different layers"
+        return f'<p class="note">No per-layer statistics to compare: {html.escape(why)}.</p>'
+    kinds = [k for k in a.layers if k in b.layers]
+    first: dict[tuple[str, str], int] = {}
+    for p in comparison.partings:
+        first.setdefault((p.kind, p.layer), p.step)
+    layers = list(dict.fromkeys(layer for kind in kinds for layer, _ in a.layers[kind]))
+    rows = [
+        [f"<code>{html.escape(layer)}</code>"]
+        + [html.escape(_fmt(first.get((kind, layer)))) if (kind, layer) in first else "—" for kind in kinds]
+        for layer in layers
+    ]
+    return _table(["layer", *kinds], rows, set(range(1, len(kinds) + 1)), "layers")
+
+
+def _findings_body(a: RunData, b: RunData) -> str:
+    parts = []
+    for label, run, other in (("A", a, b), ("B", b, a)):
+        title = f"<h3>Run {label}: <code>{html.escape(run.name)}</code></h3>"
+        if run.findings is None:
+            parts.append(title + '<p class="note">The doctor was off for this run.</p>')
+            continue
+        theirs = {(f.get("kind"), f.get("module")) for f in other.findings or []}
+        rows = [
+            [
+                _severity(f),
+                html.escape(str(f.get("kind", ""))),
+                f"<code>{html.escape(str(_layer(f)))}</code>",
+                html.escape(_fmt(f.get("step"))),
+                ("" if (f.get("kind"), f.get("module")) in theirs else "<b>only here</b> ")
+                + html.escape(str(f.get("message", ""))),
+            ]
+            for f in run.findings
+        ]
+        if not rows:
+            rows = [['<span class="sev sev-ok">ok</span>', "", "", "", "No problem found."]]
+        table = _table(["severity", "kind", "layer", "step", "message"], rows, {3}, f"findings-{label}")
+        parts.append(title + table)
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def _metrics_figure(a: RunData, b: RunData) -> Figure:
+    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
+
+    metrics = [k for k in dict.fromkeys(k for r in [*a.metrics, *b.metrics] for k in r) if _is_metric(k)]
+    fig = Figure(figsize=(11, 3.8))
+    loss_ax, metric_ax = fig.subplots(1, 2)
+    for run, color in zip((a, b), COLORS, strict=True):
+        style = "-" if run is a else "--"
+        steps = [r for r in run.metrics if r.get("kind") == "step"]
+        epochs = [r for r in run.metrics if r.get("kind") == "epoch"]
+        _plot(loss_ax, steps, "train_loss", f"{run.name} train", color, style, marker=".")
+        _plot(loss_ax, epochs, "valid_loss", f"{run.name} valid", color, style, marker="o")
+        for key in metrics:
+            _plot(metric_ax, epochs, key, f"{run.name} {key}", color, style, marker="o")
+    loss_ax.set(xlabel="step", ylabel="loss", title="Loss")
+    metric_ax.set(xlabel="step", title="Metrics per epoch")
+    for ax in (loss_ax, metric_ax):
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _plot(
+    ax: Axes, rows: Sequence[dict[str, Any]], key: str, label: str, color: str, style: str, marker: str = ""
+) -> None:
+    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and "step" in r]
+    if points:
+        ax.plot(
+            *zip(*points, strict=True), style, color=color, marker=marker or None, markersize=4, label=label
+        )
+
+
+def _parting_figure(comparison: RunComparison, firsts: list[Parting]) -> Figure:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(firsts), 3.4))
+    axes = fig.subplots(1, len(firsts), squeeze=False)[0]
+    for ax, parting in zip(axes, firsts, strict=True):
+        key = (parting.layer, parting.stat)
+        for run, color in zip((comparison.a, comparison.b), COLORS, strict=True):
+            series = run.layers[parting.kind][key]
+            ax.plot(
+                series.steps, series.values, "-" if run is comparison.a else "--", color=color, label=run.name
+            )
+        series_a = comparison.a.layers[parting.kind][key]
+        band = NOISE_MULTIPLE * parting.noise
+        low, high = [v - band for v in series_a.values], [v + band for v in series_a.values]
+        label = f"A ± {NOISE_MULTIPLE:g}× noise"
+        ax.fill_between(series_a.steps, low, high, color=COLORS[0], alpha=0.15, linewidth=0, label=label)
+        ax.axvline(parting.step, color="#c62828", linestyle=":", linewidth=1.2)
+        ax.set_title(
+            f"{parting.kind} {parting.stat}\n{parting.layer} (parts at step {parting.step})", fontsize=9
+        )
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_html(fig: Figure, caption: str) -> str:
+    """The figure as an inline PNG (a ``data:`` URI), as report.html embeds its figures."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _first_per_kind(partings: list[Parting]) -> list[Parting]:
+    firsts: dict[str, Parting] = {}
+    for p in partings:
+        firsts.setdefault(p.kind, p)
+    return list(firsts.values())
+
+
+def _last_epoch(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    epochs = [r for r in rows if r.get("kind") == "epoch"]
+    return epochs[-1] if epochs else {}
+
+
+def _is_metric(key: str) -> bool:
+    return key not in ("kind", "epoch", "step", "time", "lr", "train_loss", "valid_loss")
