@@ -17,13 +17,13 @@ the same machine gives exact equality) have not parted.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hookscope.doctor.history_codec import history_from_state, params_from_state
+from hookscope.run_reader import read_metrics
 from hookscope.staged_folder import CONFIG, RunFolderError, read_json
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 
@@ -160,7 +160,7 @@ def read_run(path: str | Path) -> RunData:
             "or hs.callbacks.RunFolder"
         )
     findings = read_json(path / "findings.json") if (path / "findings.json").is_file() else None
-    data = RunData(path, read_json(path / CONFIG), _read_metrics(path), findings)
+    data = RunData(path, read_json(path / CONFIG), read_metrics(path), findings)
     data.layers, data.layers_note = _layer_series(path / "checkpoints" / "last.pt")
     return data
 
@@ -253,14 +253,6 @@ def _stat_series(history: dict[str, list[Any]], stats: tuple[str, ...]) -> dict[
         if records
         for stat in stats
     }
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of metrics.jsonl, the file the run's MetricsLogger writes (empty when there is none)."""
-    file = path / "metrics.jsonl"
-    if not file.is_file():
-        return []
-    return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
