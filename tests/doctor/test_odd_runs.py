@@ -40,21 +40,10 @@ XFAIL = {
         "plain hook); since issue 24 item 10 named at `fc1`, seen at `dropout2`, its input from `conv2` — "
         "the units are dead, so silence here needs item 9's 'every rule silent on the PyTorch examples'"
     ),
-    "examples_vae": (
-        "exploding_gradient on fc4 (gradient norm 4.98e3 > 1e3 from step 0, fc1/fc21/fc22 too): vae/main.py "
-        "sums its loss over batch and pixels (~7e4 a batch), which scales every gradient; a false alarm "
-        "outside the list of issue 24 item 9, for its healthy suite"
-    ),
     ("examples_word_language_model", "plain"): (
         "no finding, but none could come: main.py updates the weights by hand (no optimizer object), so "
         "hs.watch(model) sees no optimizer step (w.step == 0) and its step-based rules never run; the "
         "plateau of the learner loop is there as well — needs hs.watch to see steps without an optimizer"
-    ),
-    "finetune_low_lr": (
-        "loss_divergence (error: 0.24 at step 22, 4.7x its best 0.0514; in HF's sequential order 0.153 at "
-        "step 17, 5.9x 0.0259) and oscillating_loss (median 0.107, swing 149%): a near-zero loss on a "
-        "pretrained model makes batch noise look like divergence and oscillation; oscillating_loss is "
-        "item 9's, loss_divergence a false alarm outside its list"
     ),
 }
 """Runs the doctor wrongly flags today, by run (every loop) or by ``(run, loop)``, and why (measured)."""
