@@ -40,11 +40,6 @@ XFAIL = {
         "plain hook); since issue 24 item 10 named at `fc1`, seen at `dropout2`, its input from `conv2` — "
         "the units are dead, so silence here needs item 9's 'every rule silent on the PyTorch examples'"
     ),
-    ("examples_word_language_model", "plain"): (
-        "no finding, but none could come: main.py updates the weights by hand (no optimizer object), so "
-        "hs.watch(model) sees no optimizer step (w.step == 0) and its step-based rules never run; the "
-        "plateau of the learner loop is there as well — needs hs.watch to see steps without an optimizer"
-    ),
 }
 """Runs the doctor wrongly flags today, by run (every loop) or by ``(run, loop)``, and why (measured)."""
 
