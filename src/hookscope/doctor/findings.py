@@ -88,9 +88,10 @@ class Thresholds:
       ``-trend_z`` is a significant downward trend (one-sided 5%), so the loss is falling, not stalled,
       however small its fall. Stalled there, the loss is ``oscillating_loss`` when its spread
       ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
-      ``start_spread``: the first ``loss_window`` losses differ by more than this share of their median:
-      the model already fits its data at the start (a pretrained one: each batch's loss is carried by
-      its few errors), so the start is no yardstick for "far from its best" and neither rule fires.
+      Neither fires on a model that already fits its data at the start (a pretrained one: each batch's
+      loss is carried by its few errors): a spread of at least ``fitted_spread`` that was there from
+      the first ``loss_window`` losses on (their range at least 1/``noise_growth`` of it) — a bounce
+      that training causes grows from a calm start.
     - ``game_divergence_factor``: ``divergence_factor`` when the loss is a game (another optimizer
       trains parameters against it, :mod:`hookscope.doctor.adversaries`): a generator's loss rises
       whenever its discriminator wins, so only a collapse by orders of magnitude is ``loss_divergence``
@@ -116,6 +117,7 @@ class Thresholds:
     stall_level: float = 0.5
     trend_z: float = 1.645
     oscillation_spread: float = 0.5
-    start_spread: float = 0.5
+    fitted_spread: float = 0.1
+    noise_growth: float = 4.0
     overfit_epochs: int = 3
     overfit_rise: float = 0.1

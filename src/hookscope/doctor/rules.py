@@ -431,8 +431,6 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     previous, recent = statistics.median(values[-2 * w : -w]), statistics.median(values[-w:])
     if start <= 0 or recent < th.stall_level * start or recent < (1 - th.stall_drop) * previous:
         return []
-    if fits_at_start(values, th):
-        return []
     trend = falling_trend(values[-2 * w :])
     if trend < -th.trend_z:
         return []
@@ -440,6 +438,8 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     steps = losses[-1][0] - losses[-w][0] + 1  # the last window's length in steps
     ordered = sorted(values[-w:])
     spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
+    if fits_at_start(values, spread, th):
+        return []
     evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
     evidence["trend_z"] = trend
     if spread >= th.oscillation_spread:
@@ -474,23 +474,26 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     ]
 
 
-def fits_at_start(values: Sequence[float], th: Thresholds) -> bool:
-    """Whether the model already fits its data when training starts, by the loss's first
-    ``loss_window`` values: they differ by more than ``start_spread`` of their median.
+def fits_at_start(values: Sequence[float], spread: float, th: Thresholds) -> bool:
+    """Whether the model already fitted its data when training started: the loss bounces by at least
+    ``fitted_spread`` of its level (``spread``: the last window's (p90 - p10) / median), and it bounced
+    about as much from its first ``loss_window`` values on — their range is at least 1/``noise_growth``
+    of ``spread`` (the range of three draws is ~2/3 of the 10th-90th percentile spread of the same noise).
 
-    A batch's loss is the mean of its examples' losses, so it varies from batch to batch by about
-    ``CV / sqrt(batch size)`` of itself (CV: the examples' losses' coefficient of variation). A model
-    yet to learn loses about as much on every example (CV well below 1: the first three losses of the
-    digits MLP differ by 0.6-6% of their median, at the catalogue's learning rates 50x too high and
-    1,000x too low and with dead ReLUs); a model that already fits has a loss near 0 on most examples,
-    carried by its one or two errors per batch (CV of several: finetune_low_lr's first three, 0.056,
-    0.017, 0.101, differ by 150% of their median). Such a loss has no reason to fall to half its start,
-    so a flat or bouncing loss is no evidence of a stall. A fine-tune on a new task starts with an
-    untrained head, a calm start, and stays judged; a loss that jumps in its very first steps (a
-    learning rate so high that it diverges at once) is ``loss_divergence``'s."""
+    A batch's loss is the mean of its examples' losses, so it spreads by ~``2.6 CV / sqrt(batch size)``
+    of its level (CV: the coefficient of variation of the examples' losses). A model yet to learn loses
+    about as much on every example (CV well below 1: the digits MLP at lr 1e-6 or with dead ReLUs spreads
+    by 1-2%, far under ``fitted_spread``); a model that fits has a loss near 0 on most examples and
+    carried by its few errors (CV ~3: finetune_low_lr spreads by 140% at batches of 16, 45% at 256). A
+    bounce that training causes (a learning rate too high) grows from a calm start: the catalogue's
+    lr 50x too high starts with a range of 6% of its level and bounces by 100%, 18x more. A loss that
+    bounced as much from its very first values is a fitted model's batch noise: it has no reason to fall
+    to half its start, so a flat or bouncing loss is no evidence of a stall."""
     first = values[: th.loss_window]
     middle = statistics.median(first)
-    return middle > 0 and max(first) - min(first) > th.start_spread * middle
+    if middle <= 0 or spread < th.fitted_spread:
+        return False
+    return (max(first) - min(first)) / middle >= spread / th.noise_growth
 
 
 def falling_trend(values: Sequence[float]) -> float:
