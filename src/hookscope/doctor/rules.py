@@ -385,7 +385,7 @@ class DivergenceScan:
             return []
         step, mean, best, noise = self._first
         start = self._start
-        rise = f"{(mean - start) / noise:.0f}x its batch-to-batch noise" if noise > 0 else "a noiseless loss"
+        rise = f" by {(mean - start) / noise:.0f}x its batch-to-batch noise" if noise > 0 else ""
         return [
             Finding(
                 "loss_divergence",
@@ -393,7 +393,7 @@ class DivergenceScan:
                 step,
                 "error",
                 f"the training loss diverges — {mean:.3g} at step {step}, {_times(mean, best)} its best "
-                f"{best:.3g} and above its start {start:.3g} by {rise}. Usual fixes: lower the learning "
+                f"{best:.3g} and above its start {start:.3g}{rise}. Usual fixes: lower the learning "
                 "rate (try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
                 {"loss": mean, "best": best, "start": start, "noise": noise},
             )
