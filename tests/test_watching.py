@@ -330,3 +330,46 @@ def test_after_check_listeners_get_the_new_findings_of_each_check_and_the_final_
     silent.after_check.append(checks.append)
     silent.close()
     assert len(checks) == 3  # without statistics no check runs, and no listener is called
+
+
+def _hand_written_sgd(model, steps=8, lr=10.0):
+    """The loop of the PyTorch examples' word language model: no optimizer object, the update by hand
+    inside ``w.optimizer_step()``."""
+    loss_func = nn.CrossEntropyLoss()
+    with hs.watch(model, quiet=True, check_every=3) as w:
+        for x, y in digits_flat().train:
+            if w.step >= steps:
+                break
+            model.zero_grad()
+            loss = loss_func(model(x), y)
+            w.log(loss)
+            loss.backward()
+            with w.optimizer_step():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)
+    return w
+
+
+def test_a_hand_written_update_is_an_optimizer_step_with_the_same_diagnosis():
+    torch.manual_seed(0)
+    expected = _plain_loop(mlp(depth=3), steps=8, lr=10.0, opt_func=torch.optim.SGD)
+    torch.manual_seed(0)
+    w = _hand_written_sgd(mlp(depth=3))
+    assert w.step == expected.step == 8
+    found = {(f.kind, f.module, f.step) for f in w.findings}
+    assert {("loss_divergence", "", 3), ("exploding_gradient", "3", 4)} <= found  # lr 1000x too high
+    assert found == {(f.kind, f.module, f.step) for f in expected.findings}
+    assert w.param_history["4.weight"][0].update_ratio > 0  # the update, measured across the block
+
+
+def test_optimizer_step_counts_nothing_when_its_body_raises_and_is_refused_with_an_optimizer():
+    model = mlp(depth=2)
+    with hs.watch(model, quiet=True) as w:
+        nn.functional.cross_entropy(model(torch.randn(4, 64)), torch.tensor([0, 1, 2, 3])).backward()
+        with pytest.raises(ValueError, match="a failed update"), w.optimizer_step():
+            raise ValueError("a failed update")
+        assert w.step == 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    refused = pytest.raises(RuntimeError, match=r"follows SGD.step\(\) already; remove the with-block")
+    with hs.watch(model, opt, quiet=True) as w, refused, w.optimizer_step():
+        pass

@@ -15,8 +15,8 @@ step pre-hook (gradients are final: read them) and post-hook (the step happened:
 the step, run the rules every ``check_every`` steps). Under gradient accumulation that is once per
 optimizer step; ``GradScaler.step`` calls ``opt.step`` only after unscaling, so gradients are read
 unscaled, and a step it skips (inf gradients) never reaches the hooks, so it is not counted. Without an
-optimizer, the caller (a framework callback) calls :meth:`Watch.gradients_ready` and
-:meth:`Watch.step_done` itself.
+optimizer, a loop that updates the weights by hand puts its update in ``with w.optimizer_step():``, and a
+framework callback calls :meth:`Watch.gradients_ready` and :meth:`Watch.step_done` itself.
 
 The mistakes of the loop around the model (a missing ``zero_grad``, training in eval mode, the same
 batch every step, graphs kept alive, a collapsing learning rate) are checked from the same hooks; the
@@ -30,10 +30,11 @@ phases has none to give.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -225,6 +226,23 @@ class Watch:
             self._engine.end_batch()
         self.step += 1
         self._next_step()
+
+    @contextlib.contextmanager
+    def optimizer_step(self) -> Iterator[None]:
+        """The optimizer step of a loop that has no optimizer object and updates the weights by hand
+        (``p.data.add_(p.grad, alpha=-lr)``, as the PyTorch examples' word language model does): put the
+        update in ``with w.optimizer_step():``. The gradients are read on entry, as an optimizer's step
+        pre-hook reads them, and the step is closed on exit (update ratios, the rules every
+        ``check_every`` steps); a body that raises closes no step. With an optimizer given, its own
+        hooks count its steps: a RuntimeError says so."""
+        if self.optimizer is not None:
+            raise RuntimeError(
+                f"hs.watch: optimizer_step() marks a hand-written update, but this Watch follows "
+                f"{type(self.optimizer).__name__}.step() already; remove the with-block"
+            )
+        self.gradients_ready()
+        yield
+        self.step_done()
 
     def skip_step(self) -> None:
         """The optimizer step was skipped (a grad scaler found inf): forget this step's statistics."""

@@ -1013,7 +1013,8 @@ def examples_word_language_model() -> OddRun:
 def _word_language_model_plain(run: OddRun, batch_size: int) -> Outcome:
     """main.py's ``train()`` as written there: no optimizer object, ``model.zero_grad()``, the hidden
     state repackaged, the norm clipped, then ``p.data.add_(p.grad, alpha=-lr)`` by hand. With no
-    optimizer to hook, the user hands ``hs.watch`` the model alone."""
+    optimizer to hook, the user hands ``hs.watch`` the model alone and marks the hand-written update as
+    the step (``with w.optimizer_step():``)."""
     model, criterion = run.model, run.loss_func
     with hs.watch(model) as w:
         model.train()
@@ -1026,8 +1027,9 @@ def _word_language_model_plain(run: OddRun, batch_size: int) -> Outcome:
             w.log(loss)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), run.clip)
-            for p in model.parameters():
-                p.data.add_(p.grad, alpha=-run.lr)
+            with w.optimizer_step():
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-run.lr)
     return Outcome(w.findings, w.step)
 
 

@@ -4,8 +4,11 @@
 import math
 
 import torch
+from faults import digits_flat, mlp
 from protocol_loops import Feed
 from torch import nn
+
+import hookscope as hs
 
 BATCHES = 10  # per epoch
 
@@ -79,3 +82,17 @@ def test_healthy_schedules_are_silent():
     assert _run(one_cycle, known_length=False) == []
     assert _run(_step_lr, per_batch=False) == []
     assert _run(lambda opt: torch.optim.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=50)) == []
+
+
+def test_a_second_fit_judges_its_warm_up_at_its_own_close_not_as_if_the_run_had_ended():
+    torch.manual_seed(0)
+    doctor = hs.callbacks.Doctor(quiet=True)
+    learn = hs.Learner(
+        mlp(depth=3), digits_flat(), nn.CrossEntropyLoss(), torch.optim.SGD, 1e-3, cbs=[doctor]
+    )
+    learn.fit(1)  # 23 steps at a constant lr, then the close that judges growth
+    # one-cycle over 92 steps: the lr climbs from 4e-3 to 0.1 (100x the first fit's) until step 23+23,
+    # then anneals; the checks at steps 30 and 40 saw it rising at its highest, and took it for the end
+    learn.fit_one_cycle(4, lr_max=0.1)
+    assert [f for f in doctor.findings if f.kind == "lr_schedule"] == []
+    assert learn.training_step == 23 + 92

@@ -1,6 +1,8 @@
 """The rules on hand-made statistics: what fires, what stays quiet, and which layer gets named."""
 
+import itertools
 import math
+import statistics
 
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,8 @@ from hypothesis import strategies as st
 from hookscope.doctor.findings import Thresholds
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.rules import (
+    DIVERGENCE_NOISE,
+    NOISE_SPAN,
     DivergenceScan,
     OutputShapes,
     dead_units,
@@ -56,15 +60,40 @@ def test_loss_divergence_ignores_noise_and_names_the_step_it_took_off():
     assert loss_divergence([(0, 1.0), (1, math.nan)] * 4, TH) == []  # NaN is the guard's business
 
 
-def _first_divergence(values, window=3, factor=4.0):
+# finetune_low_lr's first 30 losses (tests/doctor/odd_runs.py, the Learner's order): a pretrained MLP at
+# lr 1e-5, each batch's loss carried by its one or two errors
+NEAR_ZERO = [0.056, 0.017, 0.101, 0.093, 0.239, 0.126, 0.070, 0.011, 0.100, 0.109, 0.117, 0.136, 0.198]
+NEAR_ZERO += [0.115, 0.050, 0.085, 0.018, 0.348, 0.040, 0.039, 0.393, 0.179, 0.147, 0.046, 0.061, 0.167]
+NEAR_ZERO += [0.032, 0.265, 0.031, 0.140]
+
+
+def test_a_rise_within_the_batch_noise_of_a_loss_near_zero_is_no_divergence():
+    # 0.24 at step 22 is 4.7x its best window (0.051) and above its start (0.058), but only 2.9x the
+    # median change from one loss to the next (0.064): the batches differ by that much all along
+    assert loss_divergence(list(enumerate(NEAR_ZERO)), TH) == []
+    rising = [*NEAR_ZERO[:20], 0.5, 1.0, 2.0, 2.5, 3.0]  # the same noise, then a rise of 30x it
+    (finding,) = loss_divergence(list(enumerate(rising)), TH)
+    assert finding.step == 21 and finding.evidence["noise"] > 0.05
+    assert "its batch-to-batch noise" in finding.message
+    # the lr 1000x too high of the catalogue (test_catalogue.py), its noise the rise's own first steps
+    (steep,) = loss_divergence(list(enumerate([2.3, 13.5, 34.3, 791.0, 154.0, 4.53, 6.35])), TH)
+    assert steep.step == 3
+
+
+def _first_divergence(values, window=3, factor=4.0, noise=DIVERGENCE_NOISE):
     """The rule's definition, written plainly over the whole history: the step of the first smoothed
-    loss above ``factor`` x the best smoothed loss until then and above the first one."""
+    loss above ``factor`` x the best smoothed loss until then, and above the first one by more than
+    ``noise`` x the median change between consecutive losses among the last NOISE_SPAN until then."""
     if len(values) < 2 * window or not all(math.isfinite(v) for v in values):
         return None
     means = [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]
+    changes = [abs(b - a) for a, b in itertools.pairwise(values)]
     for i, mean in enumerate(means):
-        if mean > factor * min(means[: i + 1]) and mean > means[0]:
-            return i + window - 1
+        end = i + window - 1  # the step of this mean's last loss: changes[end - 1] is its change
+        recent = changes[max(0, end - NOISE_SPAN) : end]
+        batch_noise = statistics.median(recent) if recent else 0.0
+        if mean > factor * min(means[: i + 1]) and mean - means[0] > noise * batch_noise:
+            return end
     return None
 
 
@@ -100,6 +129,20 @@ def test_exploding_growth_is_searched_from_the_loss_backwards():
     assert set(finding.evidence["layers"]) == {"l0", "l1"}
     narrow_head = OutputShapes({"l3": 64, "l4": 10}, set())  # 10 classes from 64 features: as it is
     assert exploding_gradient({}, _grads(scales), TH, narrow_head)[0].evidence["growth"] == 1e3
+
+
+def test_the_gradient_norm_bar_is_per_unit_of_the_loss_at_its_start():
+    norms = {"fc1": [(s, 5e3) for s in range(3)], "fc4": [(s, 3e3) for s in range(3)]}
+    summed = [(s, 7e4 - 1e3 * s) for s in range(3)]  # vae/main.py: the BCE summed over batch and pixels
+    assert exploding_gradient(norms, {}, TH, losses=summed) == []
+    (mean,) = exploding_gradient(norms, {}, TH, losses=[(s, 2.3) for s in range(3)])  # a mean: 2.3e3
+    assert mean.module == "fc4" and mean.evidence["loss_unit"] == 2.3 and "fc1" in mean.evidence["layers"]
+    near_zero = [(s, 1e-3) for s in range(3)]  # a start below 1 keeps the absolute bar, as no losses do
+    assert exploding_gradient(norms, {}, TH, losses=near_zero)[0].evidence["loss_unit"] == 1.0
+    assert exploding_gradient(norms, {}, TH)[0].evidence["loss_unit"] == 1.0
+    blown = {"fc4": [(0, 2e3), (1, 8e7), (2, 9e7)]}  # the summed loss's gradients 1e4x their start
+    (finding,) = exploding_gradient(blown, {}, TH, losses=summed)
+    assert finding.step == 1 and "per unit of the loss, which started at 6.9e+04" in finding.message
 
 
 def test_a_large_vocabulary_head_and_a_batch_shared_output_are_no_explosion():
@@ -174,10 +217,22 @@ def test_flat_noise_is_a_plateau_and_a_bounce_is_oscillating():
     assert abs(falling_trend(flat[-50:])) < TH.trend_z
     (plateau,) = stalled_loss(list(enumerate(flat)), TH)
     assert plateau.kind == "plateau" and plateau.evidence["trend_z"] > -TH.trend_z
-    bouncing = [2.0 * (1.5 if i % 2 else 0.5) for i in range(100)]
+    bouncing = [2.0 if i < 3 else 2.0 * (1.5 if i % 2 else 0.5) for i in range(100)]  # calm at first
     assert abs(falling_trend(bouncing)) < 1.0
     (bounce,) = stalled_loss(list(enumerate(bouncing)), TH)
     assert bounce.kind == "oscillating_loss"
+
+
+def test_a_loss_that_bounces_from_its_first_values_fits_already_and_is_not_stalled():
+    # finetune_low_lr: flat and bouncing by ~140% of its median, but about as much from its first three
+    # losses on (range 150%) — a pretrained model's batch noise, not a stall
+    near_zero = (NEAR_ZERO * 3)[:90]
+    assert stalled_loss(list(enumerate(near_zero)), TH) == []
+    lucky = [0.08, 0.1, 0.12]  # three close batches: a range of 40%, still over a quarter of the bounce
+    assert stalled_loss(list(enumerate(lucky + near_zero[3:])), TH) == []
+    for calm in ([0.1] * 3, [0.095, 0.1, 0.105]):  # 0% and 10%: the bounce grew since the start
+        (bounce,) = stalled_loss(list(enumerate(calm + near_zero[3:])), TH)
+        assert bounce.kind == "oscillating_loss" and bounce.evidence["spread"] > 1.0
 
 
 def test_the_trend_reads_ranks_so_spikes_do_not_make_a_fall():

@@ -19,7 +19,10 @@ def _steps(values):
 
 
 def _bouncing(n, level, swing):
-    return [level * (1 + swing if i % 2 else 1 - swing) for i in range(n)]
+    """``n`` losses bouncing by ``swing`` around ``level`` once training started: the first three at the
+    level (a loss that bounces from its very first value is a fitted model's batch noise, not a bounce
+    that training caused: ``rules.fits_at_start``)."""
+    return [level if i < 3 else level * (1 + swing if i % 2 else 1 - swing) for i in range(n)]
 
 
 def test_a_falling_loss_and_a_converged_noisy_one_are_not_stalled():

@@ -356,7 +356,9 @@ class Engine:
         params = {n: r for n, r in history.items() if id(self._params.get(n)) not in theirs}
         layer_norms, layer_rms = rules.layer_gradients(params, self._sizes)
         return [
-            *rules.exploding_gradient(layer_norms, self.gradients.history, th, self._output_shapes()),
+            *rules.exploding_gradient(
+                layer_norms, self.gradients.history, th, self._output_shapes(), self.losses.entries
+            ),
             *rules.vanishing_gradient(layer_rms, th),
             *rules.dead_units(self._unit_layers(), th, self.activations.flow.producers, self._pass_through),
             *rules.saturation(self.saturation.history, self.saturation.kinds, th),

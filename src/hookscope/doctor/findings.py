@@ -106,7 +106,8 @@ class Thresholds:
     - ``dead_fraction``: share of a layer's units (channels, dim 1) whose output is exactly 0 for a whole
       batch. Healthy ReLU layers stay well below 0.3.
     - ``saturated_fraction`` of tanh/sigmoid outputs within ``saturation_margin`` of their bounds.
-    - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10).
+    - ``exploding_norm``: gradient L2 norm of one layer's parameters (healthy models: 1e-3 .. 10), per
+      unit of the training loss's start when that is above 1 (a summed loss scales every gradient).
     - ``exploding_growth``: the gradient flowing out of a layer (RMS per value) over the one at the last
       layer (scaled by ``sqrt(fan-out)`` of a last layer wider than its input, a vocabulary head); a
       healthy initialisation keeps it near or below 1.
@@ -123,6 +124,10 @@ class Thresholds:
       ``-trend_z`` is a significant downward trend (one-sided 5%), so the loss is falling, not stalled,
       however small its fall. Stalled there, the loss is ``oscillating_loss`` when its spread
       ((p90 - p10) / median over the last window) is at least ``oscillation_spread``, else ``plateau``.
+      Neither fires on a model that already fits its data at the start (a pretrained one: each batch's
+      loss is carried by its few errors): a spread of at least ``fitted_spread`` that was there from
+      the first ``loss_window`` losses on (their range at least 1/``noise_growth`` of it) — a bounce
+      that training causes grows from a calm start.
     - ``game_divergence_factor``: ``divergence_factor`` when the loss is a game (another optimizer
       trains parameters against it, :mod:`hookscope.doctor.adversaries`): a generator's loss rises
       whenever its discriminator wins, so only a collapse by orders of magnitude is ``loss_divergence``
@@ -148,5 +153,7 @@ class Thresholds:
     stall_level: float = 0.5
     trend_z: float = 1.645
     oscillation_spread: float = 0.5
+    fitted_spread: float = 0.1
+    noise_growth: float = 4.0
     overfit_epochs: int = 3
     overfit_rise: float = 0.1

@@ -134,6 +134,7 @@ def exploding_gradient(
     output_grads: dict[str, list[StepStats]],
     th: Thresholds,
     shapes: OutputShapes | None = None,
+    losses: Sequence[tuple[int, float]] = (),
 ) -> list[Finding]:
     """Where gradients blow up, by two signs, each searched from the loss backwards (model order reversed):
 
@@ -145,7 +146,13 @@ def exploding_gradient(
       fans out is no amplifier of the body. Layers whose output is shared by the batch (``shapes.shared``:
       a position embedding's ``(1, T, d)``) are skipped: their gradient is a sum over the batch, larger
       per value by about its square root without anything growing;
-    - the gradient norm of a layer's parameters exceeds ``exploding_norm``: a step far too large.
+    - the gradient norm of a layer's parameters exceeds ``exploding_norm`` per unit of the loss
+      (:func:`loss_unit` of the training ``losses``: its start, at least 1): a step far too large. A
+      loss multiplied by c (summed over a batch and its pixels instead of averaged, a loss weight)
+      multiplies every gradient by c, so an absolute bar would call vae/main.py's summed loss (~7e4 a
+      batch, every layer's norm ~1e3..1e4 from step 0) an explosion; measured per unit of the loss's
+      own start, its norms are ~0.1. The start, not the loss at that step: a loss that blows up with
+      its gradients does not raise the bar with them.
     """
     shapes = shapes or OutputShapes({}, set())
     findings: list[Finding] = []
@@ -175,14 +182,17 @@ def exploding_gradient(
                 {"growth": factor, "layers": {n: growth[n][-1][1] for n in growing}},
             )
         )
-    large = [name for name, records in layer_norms.items() if records and records[-1][1] > th.exploding_norm]
+    unit = loss_unit(losses, th)
+    bar = th.exploding_norm * unit
+    large = [name for name, records in layer_norms.items() if records and records[-1][1] > bar]
     if large:
         first = large[-1]
-        since = _streak(layer_norms[first], lambda r: r[1] > th.exploding_norm)[0][0]
+        since = _streak(layer_norms[first], lambda r: r[1] > bar)[0][0]
         norm = layer_norms[first][-1][1]
-        severity = "error" if not math.isfinite(norm) or norm > th.exploding_norm * 1e3 else "warning"
+        severity = "error" if not math.isfinite(norm) or norm > bar * 1e3 else "warning"
         others = [n for n in large if n != first]
         also = f"; earlier layers too ({', '.join(f'`{n}`' for n in others[:5])})" if others else ""
+        per_unit = f" per unit of the loss, which started at {unit:.3g}" if unit > 1.0 else ""
         findings.append(
             Finding(
                 "exploding_gradient",
@@ -190,12 +200,22 @@ def exploding_gradient(
                 since,
                 severity,
                 f"layer `{first}` — gradient norm of its parameters {norm:.3g} since step {since} (above "
-                f"{th.exploding_norm:g}){also}. Usual fixes: a lower learning rate, gradient clipping "
-                "(hs.callbacks.GradientClip), normalisation layers.",
-                {"grad_norm": norm, "layers": {n: layer_norms[n][-1][1] for n in large}},
+                f"{th.exploding_norm:g}{per_unit}){also}. Usual fixes: a lower learning rate, gradient "
+                "clipping (hs.callbacks.GradientClip), normalisation layers.",
+                {"grad_norm": norm, "loss_unit": unit, "layers": {n: layer_norms[n][-1][1] for n in large}},
             )
         )
     return findings
+
+
+def loss_unit(losses: Sequence[tuple[int, float]], th: Thresholds) -> float:
+    """The scale of the training loss that gradient norms are judged by: the magnitude of its start (the
+    median of its first ``loss_window`` finite values), at least 1 — a loss of the order of a mean (1 and
+    below, where ``exploding_norm`` was calibrated) keeps the bar as it is; without losses, 1. Not lower
+    for a start below 1: a loss near its floor (a fine-tune; a regression at 1e-4) has gradients far
+    larger per unit of it than at the start of training, without anything exploding."""
+    start = [v for _, v in losses[: th.loss_window] if math.isfinite(v)]
+    return max(1.0, abs(statistics.median(start))) if start else 1.0
 
 
 def vanishing_gradient(layer_rms: dict[str, list[tuple[int, float]]], th: Thresholds) -> list[Finding]:
@@ -291,10 +311,17 @@ def update_ratio(params: dict[str, list[ParamRecord]], matrices: set[str], th: T
 
 
 def loss_divergence(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Finding]:
-    """The smoothed training loss rose far above its best value and above where it started."""
+    """The smoothed training loss rose far above its best value, and above where it started by more
+    than its batch-to-batch noise explains."""
     scan = DivergenceScan(th.loss_window, th.divergence_factor)
     scan.update(losses)
     return scan.findings()
+
+
+DIVERGENCE_NOISE = 6.0
+"""How many times its batch-to-batch noise the smoothed loss must rise above its start to diverge."""
+NOISE_SPAN = 64
+"""The recent losses whose changes from one to the next measure the loss's noise."""
 
 
 class DivergenceScan:
@@ -305,23 +332,36 @@ class DivergenceScan:
     means (the start) and the best, so a check costs the same at any step and the engine need not keep
     every loss. ``update`` reads the losses that came since its last call; ``findings`` is what
     ``loss_divergence`` says of every loss so far: the first step whose smoothed loss was above
-    ``factor`` times the best smoothed loss until then and above the start, once the history holds two
-    windows, and nothing once a loss was not finite (that is the guard's business).
+    ``factor`` times the best smoothed loss until then, and above the start by more than ``noise``
+    times the loss's batch-to-batch noise, once the history holds two windows, and nothing once a loss
+    was not finite (that is the guard's business).
+
+    The noise is the median change from one loss to the next over the last :data:`NOISE_SPAN` losses
+    (about the standard deviation of a loss around its level, whatever its trend; the median, so that
+    the rise itself does not count as noise). A ratio to the best alone is no evidence near zero: a
+    pretrained model fine-tuned at lr 1e-5 has losses 0.01..0.4 from batch to batch (a batch's loss is
+    carried by its one or two errors), so its smoothed loss swings 4-6x between its luckiest and its
+    unluckiest windows without moving at all — measured, a rise of at most 3.1 times its noise; a
+    learning rate 1,000x too high (loss 2.3, 13.5, 34, 791) rises 12.6 times its noise.
     """
 
-    def __init__(self, window: int, factor: float) -> None:
-        self.window, self.factor = window, factor
+    def __init__(self, window: int, factor: float, noise: float = DIVERGENCE_NOISE) -> None:
+        self.window, self.factor, self.noise = window, factor, noise
         self.seen = 0
         self._recent: deque[float] = deque(maxlen=window)
+        self._changes: deque[float] = deque(maxlen=NOISE_SPAN)  # |loss - the loss before|
         self._start = self._best = math.inf
         self._finite = True
-        self._first: tuple[int, float, float] | None = None  # (step, smoothed loss, best until then)
+        # (step, smoothed loss, best until then, batch noise then)
+        self._first: tuple[int, float, float, float] | None = None
 
     def update(self, losses: Iterable[tuple[int, float]]) -> None:
         """Read ``losses``, the ones that came since the last call, oldest first."""
         for step, value in losses:
             self.seen += 1
             self._finite = self._finite and math.isfinite(value)
+            if self._recent:
+                self._changes.append(abs(value - self._recent[-1]))
             self._recent.append(value)
             if len(self._recent) < self.window or self._first is not None or not self._finite:
                 continue
@@ -329,14 +369,23 @@ class DivergenceScan:
             if self._start == math.inf:
                 self._start = mean
             self._best = min(self._best, mean)
-            if mean > self.factor * self._best and mean > self._start:
-                self._first = (step, mean, self._best)
+            if mean <= self.factor * self._best:
+                continue
+            noise = self._batch_noise()
+            if mean - self._start > self.noise * noise:
+                self._first = (step, mean, self._best, noise)
+
+    def _batch_noise(self) -> float:
+        """The median change from one loss to the next, over the last ``NOISE_SPAN`` losses (read only
+        when the loss rose ``factor`` x its best: a median of 64 numbers, rarely)."""
+        return statistics.median(self._changes) if self._changes else 0.0
 
     def findings(self) -> list[Finding]:
         if self._first is None or not self._finite or self.seen < 2 * self.window:
             return []
-        step, mean, best = self._first
+        step, mean, best, noise = self._first
         start = self._start
+        rise = f" by {(mean - start) / noise:.0f}x its batch-to-batch noise" if noise > 0 else ""
         return [
             Finding(
                 "loss_divergence",
@@ -344,9 +393,9 @@ class DivergenceScan:
                 step,
                 "error",
                 f"the training loss diverges — {mean:.3g} at step {step}, {_times(mean, best)} its best "
-                f"{best:.3g} and above its start {start:.3g}. Usual fixes: lower the learning rate "
-                "(try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
-                {"loss": mean, "best": best, "start": start},
+                f"{best:.3g} and above its start {start:.3g}{rise}. Usual fixes: lower the learning "
+                "rate (try hs Learner.lr_find), add warm-up or gradient clipping, check the loss and labels.",
+                {"loss": mean, "best": best, "start": start, "noise": noise},
             )
         ]
 
@@ -389,6 +438,8 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     steps = losses[-1][0] - losses[-w][0] + 1  # the last window's length in steps
     ordered = sorted(values[-w:])
     spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
+    if fits_at_start(values, spread, th):
+        return []
     evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
     evidence["trend_z"] = trend
     if spread >= th.oscillation_spread:
@@ -421,6 +472,28 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
             evidence,
         )
     ]
+
+
+def fits_at_start(values: Sequence[float], spread: float, th: Thresholds) -> bool:
+    """Whether the model already fitted its data when training started: the loss bounces by at least
+    ``fitted_spread`` of its level (``spread``: the last window's (p90 - p10) / median), and it bounced
+    about as much from its first ``loss_window`` values on — their range is at least 1/``noise_growth``
+    of ``spread`` (the range of three draws is ~2/3 of the 10th-90th percentile spread of the same noise).
+
+    A batch's loss is the mean of its examples' losses, so it spreads by ~``2.6 CV / sqrt(batch size)``
+    of its level (CV: the coefficient of variation of the examples' losses). A model yet to learn loses
+    about as much on every example (CV well below 1: the digits MLP at lr 1e-6 or with dead ReLUs spreads
+    by 1-2%, far under ``fitted_spread``); a model that fits has a loss near 0 on most examples and
+    carried by its few errors (CV ~3: finetune_low_lr spreads by 140% at batches of 16, 45% at 256). A
+    bounce that training causes (a learning rate too high) grows from a calm start: the catalogue's
+    lr 50x too high starts with a range of 6% of its level and bounces by 100%, 18x more. A loss that
+    bounced as much from its very first values is a fitted model's batch noise: it has no reason to fall
+    to half its start, so a flat or bouncing loss is no evidence of a stall."""
+    first = values[: th.loss_window]
+    middle = statistics.median(first)
+    if middle <= 0 or spread < th.fitted_spread:
+        return False
+    return (max(first) - min(first)) / middle >= spread / th.noise_growth
 
 
 def falling_trend(values: Sequence[float]) -> float:

@@ -13,7 +13,9 @@ learning rate on an accelerator is skipped rather than read) is followed at ever
   restarts) is not reported; a param group switched off on purpose early (its lr set to 0) is.
 - **growth**: at close, the last learning rate is above :data:`GROWTH` (10x) its first, is the highest so
   far, and still rose over the last tenth of the run (a gamma above 1, a warm-up factor without a cap). A
-  run stopped during a long warm-up, or an LR range test, looks the same.
+  run stopped during a long warm-up, or an LR range test, looks the same. Another fit after the close
+  (``learn.fit`` again on the same Doctor) reopens the run: its warm-up is judged at its own close, not
+  at every check as if the run had ended.
 
 The scheduler is named when the loop passes ``schedulers`` (torch schedulers are not reachable from the
 optimizer; a name stands for a scheduler the loop drives itself, such as the Learner's ``OneCycle``);
@@ -88,6 +90,7 @@ class LearningRateSchedule:
     def begin_batch(self, step: int, training: bool) -> None:
         if training:
             self._step = step
+            self._closed = False  # a training batch after close: the run goes on (another fit)
 
     def step_done(self) -> None:
         """Read the learning rates the step used (they may change after it, by a scheduler)."""
