@@ -161,3 +161,19 @@ def test_a_watch_folder_reads_back_as_a_run(tmp_path):
 def test_a_run_of_a_path_that_is_no_folder_says_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder; pass a run folder written by"):
         Run(tmp_path / "nothing")
+
+
+def test_preflight_returns_findings_that_show_as_a_table():
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    found = hs.preflight(model, (train, train), nn.CrossEntropyLoss(), steps=5)  # valid = train: overlap
+    assert isinstance(found, Findings)
+    assert "train_valid_overlap" in [r[1] for r in _cells(found._repr_html_()) if r]
+
+
+def test_a_watch_without_the_engine_shows_no_finding():
+    model = nn.Sequential(nn.Linear(4, 2))
+    with hs.watch(model, doctor=False, stats=False, guard=True) as w:
+        assert isinstance(w.findings, Findings) and w.findings == []
+        assert w.findings._repr_html_() == "<p>Doctor: no finding.</p>"
