@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import hookscope as hs
+from hookscope.doctor.finding_log import print_line
 from hookscope.doctor.findings import Finding, Findings
 from hookscope.run_reader import Run
 from hookscope.testing import synth_learner
@@ -177,3 +178,20 @@ def test_a_watch_without_the_engine_shows_no_finding():
     with hs.watch(model, doctor=False, stats=False, guard=True) as w:
         assert isinstance(w.findings, Findings) and w.findings == []
         assert w.findings._repr_html_() == "<p>Doctor: no finding.</p>"
+
+
+@pytest.mark.parametrize(
+    ("env", "coloured"),
+    [({}, False), ({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": "1", "TERM": "dumb"}, False)],
+)
+def test_the_doctor_colours_its_line_only_for_a_terminal(env, coloured, capsys, monkeypatch):
+    """Outside a kernel rich decides as for any terminal program (stderr a tty, FORCE_COLOR, a dumb
+    TERM); tests/examples/test_notebook.py checks the kernel's plain line."""
+    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    print_line("[warning] dead_units: layer `2`", "warning")
+    line = capsys.readouterr().err
+    assert ("\x1b[33m" in line) is coloured
+    assert line.replace("\x1b[33m", "").replace("\x1b[0m", "") == "Doctor [warning] dead_units: layer `2`\n"
