@@ -3,12 +3,15 @@ and a run folder — real tables with the values, every name and message escaped
 
 import html
 import re
+import shlex
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 import hookscope as hs
+from hookscope.callbacks.run_folder import process_command
 from hookscope.doctor.finding_log import print_line
 from hookscope.doctor.findings import Finding, Findings
 from hookscope.run_reader import Run
@@ -195,3 +198,9 @@ def test_the_doctor_colours_its_line_only_for_a_terminal(env, coloured, capsys, 
     line = capsys.readouterr().err
     assert ("\x1b[33m" in line) is coloured
     assert line.replace("\x1b[33m", "").replace("\x1b[0m", "") == "Doctor [warning] dead_units: layer `2`\n"
+
+
+def test_the_run_folder_records_the_command_line_outside_a_kernel(monkeypatch):
+    assert process_command() == shlex.join(["python", *sys.argv])
+    monkeypatch.setattr(sys, "argv", [""])  # the interactive interpreter
+    assert process_command() == "python (interactive)"
