@@ -3,12 +3,16 @@ and a run folder — real tables with the values, every name and message escaped
 
 import html
 import re
+import shlex
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 import hookscope as hs
+from hookscope.callbacks.run_folder import process_command
+from hookscope.doctor.finding_log import print_line
 from hookscope.doctor.findings import Finding, Findings
 from hookscope.run_reader import Run
 from hookscope.testing import synth_learner
@@ -161,3 +165,42 @@ def test_a_watch_folder_reads_back_as_a_run(tmp_path):
 def test_a_run_of_a_path_that_is_no_folder_says_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder; pass a run folder written by"):
         Run(tmp_path / "nothing")
+
+
+def test_preflight_returns_findings_that_show_as_a_table():
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    found = hs.preflight(model, (train, train), nn.CrossEntropyLoss(), steps=5)  # valid = train: overlap
+    assert isinstance(found, Findings)
+    assert "train_valid_overlap" in [r[1] for r in _cells(found._repr_html_()) if r]
+
+
+def test_a_watch_without_the_engine_shows_no_finding():
+    model = nn.Sequential(nn.Linear(4, 2))
+    with hs.watch(model, doctor=False, stats=False, guard=True) as w:
+        assert isinstance(w.findings, Findings) and w.findings == []
+        assert w.findings._repr_html_() == "<p>Doctor: no finding.</p>"
+
+
+@pytest.mark.parametrize(
+    ("env", "coloured"),
+    [({}, False), ({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": "1", "TERM": "dumb"}, False)],
+)
+def test_the_doctor_colours_its_line_only_for_a_terminal(env, coloured, capsys, monkeypatch):
+    """Outside a kernel rich decides as for any terminal program (stderr a tty, FORCE_COLOR, a dumb
+    TERM); tests/examples/test_notebook.py checks the kernel's plain line."""
+    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    print_line("[warning] dead_units: layer `2`", "warning")
+    line = capsys.readouterr().err
+    assert ("\x1b[33m" in line) is coloured
+    assert line.replace("\x1b[33m", "").replace("\x1b[0m", "") == "Doctor [warning] dead_units: layer `2`\n"
+
+
+def test_the_run_folder_records_the_command_line_outside_a_kernel(monkeypatch):
+    assert process_command() == shlex.join(["python", *sys.argv])
+    monkeypatch.setattr(sys, "argv", [""])  # the interactive interpreter
+    assert process_command() == "python (interactive)"

@@ -46,7 +46,7 @@ from torch import nn
 from hookscope import compat
 from hookscope._deprecation import renamed_keywords
 from hookscope.doctor.engine import Engine
-from hookscope.doctor.findings import Finding, Thresholds
+from hookscope.doctor.findings import Finding, Findings, Thresholds
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.selection import module_in_training
@@ -148,9 +148,9 @@ class Watch:
     # ---- what a loop reads ---------------------------------------------------------------------------
 
     @property
-    def findings(self) -> list[Finding]:
+    def findings(self) -> Findings:
         """Every finding so far, in the order they appeared."""
-        return self._engine.findings if self._engine is not None else []
+        return self._engine.findings if self._engine is not None else Findings()
 
     @property
     def activations(self) -> dict[str, list[StepStats]]:

@@ -7,7 +7,7 @@ the outputs of such a run, so that it reads well on GitHub.
 
 import html
 import importlib.util
-import os
+import json
 import re
 import shutil
 from pathlib import Path
@@ -46,6 +46,13 @@ def _data(cell, mime: str) -> list[str]:
     return [o.data[mime] for o in cell.outputs if "data" in o and mime in o.data]
 
 
+def _texts(notebook) -> list[str]:
+    """Every stream text and every text-like output of every code cell."""
+    outputs = [o for c in _code_cells(notebook) for o in c.outputs]
+    data = [v for o in outputs for v in o.get("data", {}).values() if isinstance(v, str)]
+    return [o.text for o in outputs if o.output_type == "stream"] + data
+
+
 def _rows(page: str) -> list[list[str]]:
     rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page, flags=re.S)
     return [[html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)] for row in rows]
@@ -56,17 +63,7 @@ def executed(tmp_path_factory):
     """The notebook executed in a fresh kernel (importing this hookscope), and the folder it ran in."""
     folder = tmp_path_factory.mktemp("notebook")
     shutil.copy(NOTEBOOK, folder / NOTEBOOK.name)
-    source = str(Path(hs.__file__).resolve().parents[1])
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (source, old) if p)
-    try:
-        notebook = _execute_notebook_module().execute(folder / NOTEBOOK.name, folder)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
-    return notebook, folder
+    return _execute_notebook_module().execute(folder / NOTEBOOK.name, folder), folder
 
 
 @pytest.mark.slow
@@ -93,6 +90,31 @@ def test_the_doctor_names_the_dead_layer_in_the_learner_and_in_watch(executed):
 
 
 @pytest.mark.slow
+def test_the_doctor_prints_its_line_as_plain_text_in_the_kernel(executed):
+    notebook, _ = executed
+    for cell in (_cell(notebook, "learn.fit(1)"), _cell(notebook, "hs.watch(model, opt)")):
+        lines = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
+        assert [line.startswith("Doctor [warning] dead_units: layer `2`") for line in lines] == [True]
+    assert not [t for t in _texts(notebook) if "\x1b" in t]  # no terminal colour codes in any output
+
+
+@pytest.mark.slow
+def test_the_comparison_names_the_nudged_layer_and_the_op(executed):
+    notebook, _ = executed
+    cell = _cell(notebook, "hs.compare(model_a, model_b")
+    assert "model_b.features[1][0].weight.mul_(1.01)" in cell.source
+    (page,) = _data(cell, "text/html")
+    paragraph = html.unescape(re.search(r"<p>(.*?)</p>", page, flags=re.S).group(1))
+    assert paragraph.startswith("The models part in the forward pass at `features.1.0` (Conv2d)")
+    assert "aten.convolution" in paragraph
+    rows = [r for r in _rows(page) if r]
+    assert [r[0] for r in rows if r[-1] == "<- first"] == ["features.1.0"]
+    assert [r[-1] for r in rows if r[0] in ("features.0.0", "features.1.1")] == ["!", "!"]  # grads, outputs
+    (text,) = _data(cell, "text/plain")
+    assert text.startswith("Comparison(first_divergent='features.1.0', phase='forward'")
+
+
+@pytest.mark.slow
 def test_the_progress_bar_is_one_display_of_clean_text_and_html(executed):
     notebook, _ = executed
     fit = _cell(notebook, "learn.fit(1)")
@@ -113,6 +135,8 @@ def test_the_history_and_the_run_folder_show_inline(executed):
     frame = re.search(r'<iframe srcdoc="([^"]*)"', run)
     report = folder / "runs" / "quickstart" / "report.html"
     assert frame and html.unescape(frame.group(1)) == report.read_text(encoding="utf-8")
+    config = json.loads((folder / "runs" / "quickstart" / "config.json").read_text(encoding="utf-8"))
+    assert config["command"] == "notebook quickstart.ipynb"  # not the ipykernel launcher's command line
     # in a kernel rich would display the summary table instead of writing summary.txt
     assert "Total params: " in (folder / "runs" / "quickstart" / "summary.txt").read_text(encoding="utf-8")
     assert not [
@@ -126,3 +150,5 @@ def test_the_committed_notebook_holds_the_outputs_of_a_run_top_to_bottom():
     assert [c.execution_count for c in cells] == list(range(1, len(cells) + 1))
     assert all(c.outputs for c in cells[1:])  # the first cell only imports
     assert not [o for c in cells for o in c.outputs if o.output_type == "error"]
+    assert not [t for t in _texts(notebook) if "\x1b" in t]
+    assert NOTEBOOK.stat().st_size < 1_000_000  # GitHub shows it; images drawn at a modest size

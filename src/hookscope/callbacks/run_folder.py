@@ -31,6 +31,7 @@ from hookscope.callbacks.checkpoint import Checkpoint
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.layer_stats import layer_statistics
 from hookscope.callbacks.loggers.metrics import MetricsLogger
+from hookscope.callbacks.progress import in_notebook
 from hookscope.callbacks.pruning import Pruning
 from hookscope.doctor.findings import Finding
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
@@ -91,7 +92,7 @@ class RunFolder(Callback):
         StagedFolder.check_owner(self.final, KIND)  # refused now, before anything loads or trains
         self.overwrite, self.publish_at_end = overwrite, publish
         self.config = dict(config or {})
-        self.command = command if command is not None else shlex.join(["python", *sys.argv])
+        self.command = command if command is not None else process_command()
         self.figures = figures
         self.metrics = MetricsLogger(self.partial, every=metrics_every)
         self.metrics.rank_zero_only = True
@@ -294,6 +295,15 @@ class RunFolder(Callback):
 
     def _write_report(self) -> None:
         write_report_html(self.folder.path)
+
+
+def process_command() -> str:
+    """This process's command as a run's config shows it; in a Jupyter kernel, whose command line is the
+    ipykernel launcher, ``notebook`` and the notebook's path where Jupyter Server tells it."""
+    if in_notebook():
+        path = os.environ.get("JPY_SESSION_NAME")
+        return shlex.join(["notebook", path]) if path else "notebook"
+    return shlex.join(["python", *sys.argv]) if sys.argv and sys.argv[0] else "python (interactive)"
 
 
 def learner_facts(learn: Any) -> dict[str, Any]:

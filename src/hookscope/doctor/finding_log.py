@@ -145,11 +145,13 @@ def print_finding(finding: Finding) -> None:
 
 
 def print_line(text: str, severity: str) -> None:
-    """``Doctor <text>`` on stderr, on one line, coloured by ``severity``."""
+    """``Doctor <text>`` on stderr, on one line, coloured by ``severity`` where stderr shows colour."""
     from rich.console import Console  # loaded on the first finding, not with hookscope
 
     style = _SEVERITY_STYLE.get(severity, "")
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # one finding, one line, in any log
+    if console.is_jupyter:  # rich would display HTML whose text/plain keeps the ANSI codes: plain text
+        console = Console(stderr=True, soft_wrap=True, force_jupyter=False, color_system=None)
     console.print(f"Doctor {text}", style=style, markup=False)
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.doctor.findings import Finding
+from hookscope.doctor.findings import Finding, Findings
 from hookscope.doctor.preflight.inputs import input_scale
 from hookscope.doctor.preflight.loss import (
     OVERFIT_LR,
@@ -67,7 +67,7 @@ def preflight(
     opt_func: Callable[..., torch.optim.Optimizer] | None = None,
     lr: float | None = None,
     steps: int | None = None,
-) -> list[Finding]:
+) -> Findings:
     """Check ``model``, ``data`` and ``loss_func`` before training; return the problems found.
 
     ``data`` is a DataLoader, an ``hs.DataLoaders`` or ``(train, valid)`` pair (the training loader is
@@ -92,7 +92,7 @@ def preflight(
         inputs, target = inputs_and_target(map_tensors(lambda t: t.to(device), batches[0]))
         net = copy.deepcopy(model).train()
         findings = _check(net, inputs, target, batches, loss_func, opt_func, lr, steps)
-    return findings + train_valid_overlap(loader, validation_loader(data))
+    return Findings(findings + train_valid_overlap(loader, validation_loader(data)))
 
 
 def training_loader(data: Any, caller: str) -> Any:
