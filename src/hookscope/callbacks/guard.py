@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from hookscope import compat
+from hookscope.doctor.finding_log import stderr_console
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
@@ -132,9 +133,7 @@ class NonFiniteGuard(Callback):
         self.report = next((r for r in reports if r.found), reports[0])
         self.stopped_at, self.reason = learn.training_step, reason
         if not self.quiet:
-            from rich.console import Console  # loaded on the first stop, not with hookscope
-
-            Console(stderr=True, highlight=False).print(self.message(), markup=False)
+            stderr_console().print(self.message(), markup=False)
         raise CancelFitException()
 
     def message(self) -> str:

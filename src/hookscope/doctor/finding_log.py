@@ -146,13 +146,19 @@ def print_finding(finding: Finding) -> None:
 
 def print_line(text: str, severity: str) -> None:
     """``Doctor <text>`` on stderr, on one line, coloured by ``severity`` where stderr shows colour."""
-    from rich.console import Console  # loaded on the first finding, not with hookscope
-
     style = _SEVERITY_STYLE.get(severity, "")
-    console = Console(stderr=True, highlight=False, soft_wrap=True)  # one finding, one line, in any log
-    if console.is_jupyter:  # rich would display HTML whose text/plain keeps the ANSI codes: plain text
-        console = Console(stderr=True, soft_wrap=True, force_jupyter=False, color_system=None)
-    console.print(f"Doctor {text}", style=style, markup=False)
+    stderr_console(soft_wrap=True).print(f"Doctor {text}", style=style, markup=False)  # one line, any log
+
+
+def stderr_console(**options: Any) -> Any:
+    """A rich ``Console`` on stderr; plain text in a Jupyter kernel, where rich would display HTML whose
+    text/plain keeps the ANSI codes (and ipykernel sets ``FORCE_COLOR``)."""
+    from rich.console import Console  # loaded on the first message, not with hookscope
+
+    console = Console(stderr=True, highlight=False, **options)
+    if console.is_jupyter:
+        console = Console(stderr=True, highlight=False, force_jupyter=False, color_system=None, **options)
+    return console
 
 
 def _where(module: str) -> str:
