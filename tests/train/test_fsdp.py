@@ -1,0 +1,80 @@
+"""FSDP2 (``fully_shard``) under torchrun: 2 processes on CPU (gloo) against 1 process on the whole batch.
+
+The scripts shard the model only under torchrun; in one process the same model trains unsharded on the
+whole batch, so every number the doctor measures must match: statistics of a sharded parameter or
+gradient are those of the whole tensor, never one rank's shard.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_distributed import ENV, torchrun
+
+WATCH = Path(__file__).with_name("fsdp_script.py")
+# Norms of 2 shards' squares added, against one norm over the whole tensor (float32): measured ~5e-7.
+NORM_RTOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("deterministic")
+
+
+def one_process(script: Path, out: Path, *options: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=ENV,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def two_processes(script: Path, out: Path, *options: str) -> None:
+    done = torchrun(str(script), "--out", str(out), *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def results(out: Path, nproc: int = 2) -> list[dict]:
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("model", "kind", "module"), [("dead", "dead_units", "3"), ("exploding", "exploding_gradient", "7")]
+)
+def test_a_fault_in_a_sharded_model_is_found_on_every_rank_as_in_one_process(
+    tmp_path: Path, model: str, kind: str, module: str
+) -> None:
+    one_process(WATCH, tmp_path / "one", "--model", model)
+    two_processes(WATCH, tmp_path / "two", "--model", model)
+    (single,) = results(tmp_path / "one", nproc=1)
+    rank0, rank1 = results(tmp_path / "two")
+    assert (kind, module) in [(k, m) for k, m, _, _ in rank0["findings"]]
+    assert rank0["findings"] == rank1["findings"] == single["findings"]
+    assert rank0["params"] == rank1["params"]
+    assert list(rank0["params"]) == list(single["params"])  # the user's names: no FSDP prefix
+    for name, records in single["params"].items():
+        for (step, norm, ratio), (step2, norm2, ratio2) in zip(records, rank0["params"][name], strict=True):
+            assert step2 == step
+            assert norm2 == pytest.approx(norm, rel=NORM_RTOL)  # the whole gradient's, not a shard's
+            assert ratio2 == pytest.approx(ratio, rel=NORM_RTOL)
+    for name, (count, mean, std, _) in single["stats"].items():
+        count2, mean2, std2, _ = rank0["stats"][name]
+        assert count2 == count  # both ranks' halves of the batch added
+        assert (mean2, std2) == pytest.approx((mean, std), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_guard_stops_every_rank_of_a_sharded_model_at_the_same_step(tmp_path: Path) -> None:
+    two_processes(WATCH, tmp_path, "--model", "plain", "--nan-at", "3")
+    rank0, rank1 = results(tmp_path)
+    assert rank0["stopped"] == rank1["stopped"] == (3, "activation")
+    assert rank0["findings"] == rank1["findings"]
+    assert [k for k, *_ in rank0["findings"]] == ["nonfinite"]
