@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--pause-at", type=int)
     parser.add_argument("--pause-for", type=float, default=600)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    parser.add_argument("--shard", action="store_true", help="Learner(shard=True): the Learner shards it")
+    parser.add_argument("--accumulate", type=int, default=1, help="GradientAccumulation(n) when above 1")
+    parser.add_argument("--bf16", action="store_true", help="MixedPrecision(torch.bfloat16)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -101,6 +104,10 @@ def main() -> None:
         cbs.append(hs.callbacks.NonFiniteGuard(quiet=True))
     if args.checkpoints:
         cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every))
+    if args.accumulate > 1:
+        cbs.append(hs.callbacks.GradientAccumulation(args.accumulate))
+    if args.bf16:
+        cbs.append(hs.callbacks.MixedPrecision(torch.bfloat16))
     if args.pause_at is not None:
         cbs.append(PauseAt(args.pause_at, args.out, args.pause_for))
     learn = hs.Learner(
@@ -112,13 +119,19 @@ def main() -> None:
         metrics=[hs.metrics.accuracy],
         cbs=cbs,
         progress=False,
+        shard=args.shard,
     )
     seen: dict[str, int] = {}
     learn.add_cb(_Seen(seen))
+    learn.add_cb(_CountReductions(seen))
+    seen_dtype: list[torch.dtype] = []  # the first layer's weight as its forward sees it
+    model[0].register_forward_pre_hook(lambda module, _: seen_dtype.insert(0, module.weight.dtype))
     learn.fit(args.epochs, resume="last" if args.resume else None)
     doctor = getattr(learn, "doctor", None)
     result = {
-        "weights": learn.model.state_dict(),
+        "weights": _whole(learn.model.state_dict()),
+        "sharded": distributed.is_sharded(learn.model),
+        "param_dtype": str(seen_dtype[0]),
         "history": learn.recorder.history,
         "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
         "stats": _stats(doctor),
@@ -137,6 +150,43 @@ class _Seen(hs.Callback):
 
     def before_train(self) -> None:
         self.seen.update(world=distributed.world_size(), n_iter=self.learn.n_iter)
+
+
+class _CountReductions(hs.Callback):
+    """Counts this rank's gradient reductions across ranks: DDP's bucket all-reduces (through a comm
+    hook) or FSDP2's reduce-scatters."""
+
+    def __init__(self, seen: dict[str, int]) -> None:
+        self.seen = seen
+
+    def before_fit(self) -> None:
+        self.seen.update(reductions=0)
+        ddp = self.learn.distributed.ddp
+        if ddp is not None:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def counted_allreduce(state, bucket):  # DDP checks the names, and any annotation's type
+                self.seen["reductions"] += 1
+                return allreduce_hook(state, bucket)
+
+            ddp.register_comm_hook(None, counted_allreduce)
+        elif distributed.is_distributed():
+            torch.distributed.reduce_scatter_single = self._counted(torch.distributed.reduce_scatter_single)
+
+    def after_fit(self) -> None:
+        self.seen.update(steps=self.learn.training_step)
+
+    def _counted(self, reduce):
+        def counted(*args, **kwargs):
+            self.seen["reductions"] += 1
+            return reduce(*args, **kwargs)
+
+        return counted
+
+
+def _whole(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state with every sharded tensor (an FSDP2 DTensor) gathered whole, for the comparison."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
 
 def _guard(learn: hs.Learner) -> dict[str, object] | None:

@@ -232,15 +232,3 @@ def test_hookscope_train_under_torchrun_writes_one_run_folder(tmp_path: Path) ->
     assert (run / "report.html").is_file() and (run / "checkpoints" / "last.pt").is_file()
     assert done.stdout.count("report: ") == 1  # the closing words come from rank 0 only
     assert len(torch.load(run / "checkpoints" / "last.pt", weights_only=True)["ranks"]) == 2
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_an_fsdp2_sharded_model_is_refused_in_one_line(tmp_path: Path) -> None:
-    done = torchrun(str(SCRIPT), "--out", str(tmp_path), "--fsdp")
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert (
-        "NotImplementedError: Learner under torchrun: 4 parameter(s) of FSDPSequential are sharded" in output
-    )
-    assert not list(tmp_path.glob("rank*.pt"))

@@ -78,3 +78,58 @@ def test_the_guard_stops_every_rank_of_a_sharded_model_at_the_same_step(tmp_path
     assert rank0["stopped"] == rank1["stopped"] == (3, "activation")
     assert rank0["findings"] == rank1["findings"]
     assert [k for k, *_ in rank0["findings"]] == ["nonfinite"]
+
+
+# ---- the Learner -----------------------------------------------------------------------------------------
+
+TRAIN = Path(__file__).with_name("distributed_script.py")
+# 2 ranks x batch 12 sharded against 1 process x batch 24 (the task's bound; measured ~1.5e-8).
+WEIGHT_ATOL = 1e-5
+
+
+def assert_trains_as_one_process(single: dict, rank0: dict, rank1: dict) -> None:
+    assert (single["world"], rank0["world"]) == (1, 2)
+    for name, weight in single["weights"].items():
+        torch.testing.assert_close(rank0["weights"][name], weight, rtol=0, atol=WEIGHT_ATOL)
+        assert torch.equal(rank0["weights"][name], rank1["weights"][name])
+    for row, row0 in zip(single["history"], rank0["history"], strict=True):
+        assert row0["valid_loss"] == pytest.approx(row["valid_loss"], abs=WEIGHT_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_the_learner_shards_with_fsdp2_and_trains_as_one_process_on_the_whole_batch(tmp_path: Path) -> None:
+    one_process(TRAIN, tmp_path / "one", "--batch-size", "24")
+    (single,) = results(tmp_path / "one", nproc=1)
+    two_processes(TRAIN, tmp_path / "learner", "--batch-size", "12", "--shard")
+    two_processes(TRAIN, tmp_path / "user", "--batch-size", "12", "--fsdp")  # sharded by the user
+    for out in ("learner", "user"):
+        rank0, rank1 = results(tmp_path / out)
+        assert rank0["sharded"] and not single["sharded"]
+        assert_trains_as_one_process(single, rank0, rank1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_accumulated_micro_batches_reduce_gradients_once_per_step(tmp_path: Path) -> None:
+    one_process(TRAIN, tmp_path / "one", "--batch-size", "24")
+    (single,) = results(tmp_path / "one", nproc=1)
+    # 2 ranks x 2 micro-batches of 6: 24 samples per optimizer step, as in one process
+    two_processes(TRAIN, tmp_path / "fsdp", "--batch-size", "6", "--accumulate", "2", "--shard")
+    two_processes(TRAIN, tmp_path / "ddp", "--batch-size", "6", "--accumulate", "2")
+    # FSDP2: one reduce-scatter per unit (the Linear layers 0 and 3) per step; DDP: one bucket per step
+    for out, per_step in (("fsdp", 2), ("ddp", 1)):
+        rank0, rank1 = results(tmp_path / out)
+        assert rank0["steps"] == single["steps"] == 10
+        assert rank0["reductions"] == per_step * rank0["steps"], out
+        assert_trains_as_one_process(single, rank0, rank1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mixed_precision_reaches_the_sharding_as_fsdp2s_policy(tmp_path: Path) -> None:
+    two_processes(TRAIN, tmp_path, "--batch-size", "12", "--shard", "--bf16")
+    rank0, rank1 = results(tmp_path)
+    assert rank0["param_dtype"] == rank1["param_dtype"] == "torch.bfloat16"
+    assert all(torch.isfinite(w).all() for w in rank0["weights"].values())
+    assert rank0["weights"]["0.weight"].dtype == torch.float32  # the sharded parameters stay float32
