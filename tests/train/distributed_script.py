@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.train import distributed
+from hookscope.train import checkpoint, distributed
 
 
 class Fault(hs.Callback):
@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--guard", action="store_true")
     parser.add_argument("--checkpoints", type=Path)
     parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--export", action="store_true", help="export_safetensors(model) at the end")
+    parser.add_argument("--dcp", action="store_true", help="Checkpoint(sharded=True): through DCP")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--pause-at", type=int)
     parser.add_argument("--pause-for", type=float, default=600)
@@ -103,7 +105,7 @@ def main() -> None:
     if args.guard:
         cbs.append(hs.callbacks.NonFiniteGuard(quiet=True))
     if args.checkpoints:
-        cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every))
+        cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every, sharded=args.dcp))
     if args.accumulate > 1:
         cbs.append(hs.callbacks.GradientAccumulation(args.accumulate))
     if args.bf16:
@@ -131,7 +133,7 @@ def main() -> None:
     result = {
         "weights": _whole(learn.model.state_dict()),
         "sharded": distributed.is_sharded(learn.model),
-        "param_dtype": str(seen_dtype[0]),
+        "param_dtype": str(seen_dtype[0]) if seen_dtype else None,
         "history": learn.recorder.history,
         "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
         "stats": _stats(doctor),
@@ -139,6 +141,8 @@ def main() -> None:
         **seen,
     }
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.export:
+        checkpoint.export_safetensors(learn.model, args.out / "model.safetensors")
     torch.save(result, args.out / f"rank{int(os.environ.get('RANK', 0))}.pt")
 
 

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
-from test_distributed import ENV, torchrun
+from test_distributed import ENV, kill_9_at_step_7, torchrun
 
 WATCH = Path(__file__).with_name("fsdp_script.py")
 # Norms of 2 shards' squares added, against one norm over the whole tensor (float32): measured ~5e-7.
@@ -133,3 +134,90 @@ def test_mixed_precision_reaches_the_sharding_as_fsdp2s_policy(tmp_path: Path) -
     assert rank0["param_dtype"] == rank1["param_dtype"] == "torch.bfloat16"
     assert all(torch.isfinite(w).all() for w in rank0["weights"].values())
     assert rank0["weights"]["0.weight"].dtype == torch.float32  # the sharded parameters stay float32
+
+
+# ---- sharded checkpoints (DCP) ------------------------------------------------------------------------
+
+RUN = ["--shuffle", "--dropout", "0.3", "--epochs", "3", "--every", "3", "--doctor"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_sharded_run_killed_with_9_resumes_exactly_from_its_dcp_checkpoint(tmp_path: Path) -> None:
+    two_processes(TRAIN, tmp_path / "whole", *RUN, "--shard", "--checkpoints", str(tmp_path / "ckpt-whole"))
+    cut, ckpt = tmp_path / "cut", tmp_path / "ckpt-cut"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    kill_9_at_step_7(
+        [*command, str(TRAIN), "--out", str(cut), *RUN, "--shard", "--checkpoints", str(ckpt)], cut
+    )
+    saved = torch.load(ckpt / "last.pt", weights_only=True)  # the learner file: plain values only
+    assert saved["position"]["training_step"] == 6 and len(saved["ranks"]) == 2
+    assert saved["model"] == {} and saved["sharded"] == "ckpt-00000006.dcp"
+    assert sorted(p.name for p in (ckpt / "ckpt-00000006.dcp").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+
+    two_processes(TRAIN, cut, *RUN, "--shard", "--checkpoints", str(ckpt), "--resume")
+    whole, resumed = results(tmp_path / "whole"), results(cut)
+    for rank in range(2):
+        for name, weight in whole[rank]["weights"].items():
+            assert torch.equal(resumed[rank]["weights"][name], weight), (rank, name)
+        assert [r["train_loss"] for r in resumed[rank]["history"]] == [
+            r["train_loss"] for r in whole[rank]["history"]
+        ]
+        assert resumed[rank]["findings"] == whole[rank]["findings"]  # the doctor's state came back
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_dcp_checkpoints_reshard_from_two_ranks_to_one_and_from_one_to_two(tmp_path: Path) -> None:
+    # 2 -> 1: the sharded run's last checkpoint (after its last epoch) loads into the plain model
+    options = ["--epochs", "2", "--every", "100"]
+    two_processes(
+        TRAIN, tmp_path / "two", *options, "--shard", "--checkpoints", str(tmp_path / "ck2"), "--export"
+    )
+    exported = safetensors.torch.load_file(tmp_path / "two" / "model.safetensors")  # one plain file
+    one_process(TRAIN, tmp_path / "two-to-one", *options, "--checkpoints", str(tmp_path / "ck2"), "--resume")
+    (loaded,) = results(tmp_path / "two-to-one", nproc=1)
+    for name, weight in results(tmp_path / "two")[0]["weights"].items():
+        assert torch.equal(loaded["weights"][name], weight), name
+        assert torch.equal(exported[name], weight), name
+    assert not loaded["sharded"]
+
+    # 1 -> 2: a one-process checkpoint written through DCP loads into the sharded model on 2 ranks
+    one_process(TRAIN, tmp_path / "one", *options, "--dcp", "--checkpoints", str(tmp_path / "ck1"))
+    two_processes(
+        TRAIN,
+        tmp_path / "one-to-two",
+        *options,
+        "--shard",
+        "--checkpoints",
+        str(tmp_path / "ck1"),
+        "--resume",
+    )
+    (single,) = results(tmp_path / "one", nproc=1)
+    for rank0 in results(tmp_path / "one-to-two"):
+        assert rank0["sharded"]
+        for name, weight in single["weights"].items():
+            assert torch.equal(rank0["weights"][name], weight), name
+
+
+def test_a_dcp_folder_naming_a_pickled_object_is_refused_before_it_loads(tmp_path: Path) -> None:
+    import pickle
+
+    from torch import nn
+
+    from hookscope.train.checkpoint import CheckpointError, sharded
+
+    model = nn.Linear(3, 2)
+    state = sharded.save_tensors(model, None, tmp_path / "ckpt-00000001.pt")
+    sharded.load_model(nn.Linear(3, 2), state, str(tmp_path / "ckpt-00000001.pt"))  # a clean one loads
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    (tmp_path / "ckpt-00000001.dcp" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(CheckpointError, match=r"refused to load — the DCP metadata names builtins\.print"):
+        sharded.load_model(nn.Linear(3, 2), state, str(tmp_path / "ckpt-00000001.pt"))

@@ -125,6 +125,14 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+def _leave_group() -> None:
+    """At exit, end a group kept for sharded parameters once every rank got there: a rank that tears
+    its group down while a peer still talks to it can abort that peer (gloo)."""
+    if is_distributed():
+        dist.barrier()
+    destroy_process_group()
+
+
 # ---- reductions ----------------------------------------------------------------------------------------
 
 
@@ -353,7 +361,7 @@ class Session:
             return
         self.blocks = shard_model(learn.model, blocks, mp_policy)
         if self._created:
-            atexit.register(destroy_process_group)
+            atexit.register(_leave_group)
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         """Whether the next forward and backward reduce gradients across ranks: off for all but the last
