@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from hookscope.train import checkpoint, distributed
 
 
 class Fault(hs.Callback):
-    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``) or raise (``raise``)."""
+    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``), raise (``raise``) or die (``kill``)."""
 
     order = -30
 
@@ -34,6 +35,8 @@ class Fault(hs.Callback):
             return
         if self.kind == "raise":
             raise ValueError(f"injected failure on rank {self.rank} at step {learn.training_step}")
+        if self.kind == "kill":  # the process dies at once, as on a machine that fails
+            os.kill(os.getpid(), signal.SIGKILL)
         learn.xb = (torch.full_like(learn.xb[0], float("nan")),)
 
 
@@ -72,7 +75,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--fault", choices=["nan", "raise"])
+    parser.add_argument("--fault", choices=["nan", "raise", "kill"])
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--doctor", action="store_true")
