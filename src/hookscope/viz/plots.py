@@ -27,6 +27,8 @@ History = Mapping[str, Sequence[StepStats]]
 ParamHistory = Mapping[str, Sequence[ParamRecord]]
 # What recorded layer statistics: a statistics callback or a recorder (the Doctor's)
 Recorded = ActivationStats | GradientStats | ActivationRecorder | GradientRecorder
+# Beyond this many layers the gradient flow shows one bar per block (GPT-2 small: 75 layers, 12 blocks)
+MAX_FLOW_LAYERS = 40
 
 
 def colorful_dimension(
@@ -109,7 +111,9 @@ def gradient_flow(grad_stats: GradientStats | GradientRecorder | ParamHistory) -
     step (dot); a second panel shows the update-to-weight ratio when it was recorded.
 
     A layer's norm combines its parameters (``sqrt(sum of squared norms)``); its update ratio is the
-    largest of its parameters'. A layer that never got a gradient is marked "no grad".
+    largest of its parameters'. A layer that never got a gradient is marked "no grad". A model of more
+    than ``MAX_FLOW_LAYERS`` layers gets one bar per block instead (``transformer.h.3`` for every layer
+    under it, combined alike), so the figure stays readable.
     """
     params = grad_stats if isinstance(grad_stats, Mapping) else grad_stats.param_history
     if not any(params.values()):
@@ -148,11 +152,25 @@ def _draw_flow(ax: Axes, values: dict[str, np.ndarray], label: str) -> None:
 
 
 def _group_by_layer(params: ParamHistory) -> dict[str, list[Sequence[ParamRecord]]]:
+    """The parameters' records per layer, or per block when there are more than ``MAX_FLOW_LAYERS``."""
     layers: dict[str, list[Sequence[ParamRecord]]] = {}
     for name, records in params.items():
         layer = name.rpartition(".")[0] or "(model)"
         layers.setdefault(layer, []).append(records)
-    return layers
+    if len(layers) <= MAX_FLOW_LAYERS:
+        return layers
+    blocks: dict[str, list[Sequence[ParamRecord]]] = {}
+    for layer, records in layers.items():
+        blocks.setdefault(_block_of(layer), []).extend(records)
+    return blocks
+
+
+def _block_of(layer: str) -> str:
+    """The repeated block a layer is in: its name up to the first index (``transformer.h.3.mlp.c_fc``
+    -> ``transformer.h.3``); the layer itself outside numbered containers (``transformer.wte``)."""
+    parts = layer.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    return layer if index is None else ".".join(parts[: index + 1])
 
 
 def _layer_norms(param_records: list[Sequence[ParamRecord]]) -> np.ndarray:
