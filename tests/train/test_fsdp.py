@@ -221,3 +221,22 @@ def test_a_dcp_folder_naming_a_pickled_object_is_refused_before_it_loads(tmp_pat
     (tmp_path / "ckpt-00000001.dcp" / ".metadata").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(CheckpointError, match=r"refused to load — the DCP metadata names builtins\.print"):
         sharded.load_model(nn.Linear(3, 2), state, str(tmp_path / "ckpt-00000001.pt"))
+
+
+def test_rotated_sharded_checkpoints_take_their_tensors_along_but_best_keeps_its_own(tmp_path: Path) -> None:
+    from torch import nn
+
+    import hookscope as hs
+
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    # the highest training loss is the best: an early epoch's, whose numbered file is rotated away
+    checkpoint = hs.callbacks.Checkpoint(tmp_path, monitor="train_loss", mode="max", sharded=True)
+    learn = hs.Learner(nn.Linear(4, 2), (loader, None), nn.CrossEntropyLoss(), cbs=[checkpoint])
+    learn.fit(3)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    best = torch.load(tmp_path / "best.pt", weights_only=True)["sharded"]
+    assert [f for f in files if f.endswith(".pt")] == ["best.pt", "ckpt-00000012.pt", "last.pt"]
+    assert best != "ckpt-00000012.dcp"
+    assert sorted(f for f in files if f.endswith(".dcp")) == [best, "ckpt-00000012.dcp"]

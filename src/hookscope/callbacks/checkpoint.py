@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -32,7 +31,7 @@ from hookscope._deprecation import renamed_keywords
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
-from hookscope.train.checkpoint.sharded import tensors_folder
+from hookscope.train.checkpoint.sharded import remove_unreferenced
 
 
 class Checkpoint(Callback):
@@ -148,11 +147,9 @@ class Checkpoint(Callback):
         if not distributed.is_rank_zero():  # rank 0 writes; the others took part in save_learner
             return path
         link_atomic(path, self.dir / "last.pt")
-        best = self.dir / "best.pt"
         for old in sorted(self.dir.glob("ckpt-*.pt"))[: -self.keep_last]:
-            if not (best.is_file() and os.path.samefile(best, old)):  # best.pt still needs its tensors
-                shutil.rmtree(tensors_folder(old), ignore_errors=True)
             old.unlink(missing_ok=True)
+        remove_unreferenced(self.dir)  # a sharded checkpoint's tensors go with its last file
         return path
 
     def _improved(self) -> bool:

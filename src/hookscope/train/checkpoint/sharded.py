@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from hookscope.train import distributed
-from hookscope.train.checkpoint.file import CheckpointError
+from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 
 if TYPE_CHECKING:
     from hookscope.train.learner import Learner
@@ -62,6 +63,17 @@ _METADATA_GLOBALS = {
 def tensors_folder(path: Path) -> Path:
     """The DCP folder beside the learner file ``path`` (``ckpt-00000040.pt`` -> ``ckpt-00000040.dcp``)."""
     return path.with_suffix(SUFFIX)
+
+
+def remove_unreferenced(folder: Path) -> None:
+    """Delete the DCP folders in ``folder`` that no learner file there names any more (the numbered file
+    was rotated away and ``best.pt`` points elsewhere): each holds a whole model's shards."""
+    orphans = [t for t in folder.glob(f"ckpt-*{SUFFIX}") if not t.with_suffix(".pt").is_file()]
+    best = folder / "best.pt"
+    kept = load_checkpoint(best).get("sharded") if orphans and best.is_file() else None
+    for tensors in orphans:
+        if tensors.name != kept:
+            shutil.rmtree(tensors, ignore_errors=True)
 
 
 def save_tensors(model: nn.Module, opt: torch.optim.Optimizer | None, path: Path) -> dict[str, Any]:
