@@ -308,7 +308,7 @@ def shard_model(model: nn.Module, blocks: Spec | bool, mp_policy: Any = None) ->
 
     chosen = default_blocks(model) if blocks is True else select(model, blocks)
     options = {} if mp_policy is None else {"mp_policy": mp_policy}
-    for _, module in reversed(chosen):  # innermost first: a unit never holds an already sharded one's
+    for _, module in reversed(chosen):  # reversed model order: children before their parents
         fully_shard(module, **options)
     fully_shard(model, **options)
     return [name for name, _ in chosen]

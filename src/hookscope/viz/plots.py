@@ -27,8 +27,6 @@ History = Mapping[str, Sequence[StepStats]]
 ParamHistory = Mapping[str, Sequence[ParamRecord]]
 # What recorded layer statistics: a statistics callback or a recorder (the Doctor's)
 Recorded = ActivationStats | GradientStats | ActivationRecorder | GradientRecorder
-# Beyond this many layers the gradient flow shows one bar per block (GPT-2 small: 75 layers, 12 blocks)
-MAX_FLOW_LAYERS = 40
 
 
 def colorful_dimension(
@@ -111,9 +109,7 @@ def gradient_flow(grad_stats: GradientStats | GradientRecorder | ParamHistory) -
     step (dot); a second panel shows the update-to-weight ratio when it was recorded.
 
     A layer's norm combines its parameters (``sqrt(sum of squared norms)``); its update ratio is the
-    largest of its parameters'. A layer that never got a gradient is marked "no grad". A model of more
-    than ``MAX_FLOW_LAYERS`` layers gets one bar per block instead (``transformer.h.3`` for every layer
-    under it, combined alike), so the figure stays readable.
+    largest of its parameters'. A layer that never got a gradient is marked "no grad".
     """
     params = grad_stats if isinstance(grad_stats, Mapping) else grad_stats.param_history
     if not any(params.values()):
@@ -149,6 +145,12 @@ def _draw_flow(ax: Axes, values: dict[str, np.ndarray], label: str) -> None:
         ax.plot(x, series[-1], "o", color="tab:red", markersize=4)
     ax.set_yscale("log")
     ax.set_ylabel(label)
+
+
+# Beyond this many layers, gradient_flow draws one bar per block (``transformer.h.3`` for every layer
+# under it, combined as a layer's parameters are), so a deep model's figure stays readable (GPT-2 small:
+# 75 layers with parameters, 12 blocks).
+MAX_FLOW_LAYERS = 40
 
 
 def _group_by_layer(params: ParamHistory) -> dict[str, list[Sequence[ParamRecord]]]:
