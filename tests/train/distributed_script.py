@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,11 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
-from hookscope.train import distributed
+from hookscope.train import checkpoint, distributed
 
 
 class Fault(hs.Callback):
-    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``) or raise (``raise``)."""
+    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``), raise (``raise``) or die (``kill``)."""
 
     order = -30
 
@@ -34,6 +35,8 @@ class Fault(hs.Callback):
             return
         if self.kind == "raise":
             raise ValueError(f"injected failure on rank {self.rank} at step {learn.training_step}")
+        if self.kind == "kill":  # the process dies at once, as on a machine that fails
+            os.kill(os.getpid(), signal.SIGKILL)
         learn.xb = (torch.full_like(learn.xb[0], float("nan")),)
 
 
@@ -72,17 +75,22 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--fault", choices=["nan", "raise"])
+    parser.add_argument("--fault", choices=["nan", "raise", "kill"])
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--doctor", action="store_true")
     parser.add_argument("--guard", action="store_true")
     parser.add_argument("--checkpoints", type=Path)
     parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--export", action="store_true", help="export_safetensors(model) at the end")
+    parser.add_argument("--dcp", action="store_true", help="Checkpoint(sharded=True): through DCP")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--pause-at", type=int)
     parser.add_argument("--pause-for", type=float, default=600)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    parser.add_argument("--shard", action="store_true", help="Learner(shard=True): the Learner shards it")
+    parser.add_argument("--accumulate", type=int, default=1, help="GradientAccumulation(n) when above 1")
+    parser.add_argument("--bf16", action="store_true", help="MixedPrecision(torch.bfloat16)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -100,7 +108,11 @@ def main() -> None:
     if args.guard:
         cbs.append(hs.callbacks.NonFiniteGuard(quiet=True))
     if args.checkpoints:
-        cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every))
+        cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every, sharded=args.dcp))
+    if args.accumulate > 1:
+        cbs.append(hs.callbacks.GradientAccumulation(args.accumulate))
+    if args.bf16:
+        cbs.append(hs.callbacks.MixedPrecision(torch.bfloat16))
     if args.pause_at is not None:
         cbs.append(PauseAt(args.pause_at, args.out, args.pause_for))
     learn = hs.Learner(
@@ -112,13 +124,19 @@ def main() -> None:
         metrics=[hs.metrics.accuracy],
         cbs=cbs,
         progress=False,
+        shard=args.shard,
     )
     seen: dict[str, int] = {}
     learn.add_cb(_Seen(seen))
+    learn.add_cb(_CountReductions(seen))
+    seen_dtype: list[torch.dtype] = []  # the first layer's weight as its forward sees it
+    model[0].register_forward_pre_hook(lambda module, _: seen_dtype.insert(0, module.weight.dtype))
     learn.fit(args.epochs, resume="last" if args.resume else None)
     doctor = getattr(learn, "doctor", None)
     result = {
-        "weights": learn.model.state_dict(),
+        "weights": _whole(learn.model.state_dict()),
+        "sharded": distributed.is_sharded(learn.model),
+        "param_dtype": str(seen_dtype[0]) if seen_dtype else None,
         "history": learn.recorder.history,
         "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
         "stats": _stats(doctor),
@@ -126,6 +144,8 @@ def main() -> None:
         **seen,
     }
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.export:
+        checkpoint.export_safetensors(learn.model, args.out / "model.safetensors")
     torch.save(result, args.out / f"rank{int(os.environ.get('RANK', 0))}.pt")
 
 
@@ -137,6 +157,43 @@ class _Seen(hs.Callback):
 
     def before_train(self) -> None:
         self.seen.update(world=distributed.world_size(), n_iter=self.learn.n_iter)
+
+
+class _CountReductions(hs.Callback):
+    """Counts this rank's gradient reductions across ranks: DDP's bucket all-reduces (through a comm
+    hook) or FSDP2's reduce-scatters."""
+
+    def __init__(self, seen: dict[str, int]) -> None:
+        self.seen = seen
+
+    def before_fit(self) -> None:
+        self.seen.update(reductions=0)
+        ddp = self.learn.distributed.ddp
+        if ddp is not None:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def counted_allreduce(state, bucket):  # DDP checks the names, and any annotation's type
+                self.seen["reductions"] += 1
+                return allreduce_hook(state, bucket)
+
+            ddp.register_comm_hook(None, counted_allreduce)
+        elif distributed.is_distributed():
+            torch.distributed.reduce_scatter_single = self._counted(torch.distributed.reduce_scatter_single)
+
+    def after_fit(self) -> None:
+        self.seen.update(steps=self.learn.training_step)
+
+    def _counted(self, reduce):
+        def counted(*args, **kwargs):
+            self.seen["reductions"] += 1
+            return reduce(*args, **kwargs)
+
+        return counted
+
+
+def _whole(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state with every sharded tensor (an FSDP2 DTensor) gathered whole, for the comparison."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
 
 def _guard(learn: hs.Learner) -> dict[str, object] | None:

@@ -46,6 +46,32 @@ def results(out: Path, nproc: int = 2) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
 
 
+def kill_9_at_step_7(command: list[str], out: Path) -> None:
+    """Run the torchrun ``command`` (the script with ``--out out``) until both ranks paused after step 7,
+    then kill -9 the launcher and both ranks."""
+    job = subprocess.Popen(
+        [*command, "--pause-at", "7"],
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ranks: list[int] = []
+    try:
+        paused = [out / "paused0", out / "paused1"]
+        deadline = time.monotonic() + 150
+        while not all(p.exists() for p in paused) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert all(p.exists() for p in paused), "the job never reached step 7"
+        time.sleep(0.2)  # the ids are written
+        ranks += [int(p.read_text()) for p in paused]
+    finally:
+        # torchrun starts each rank in a session of its own: kill the launcher and both ranks at once
+        for pid in [job.pid, *ranks]:
+            os.kill(pid, signal.SIGKILL)
+        job.wait()
+
+
 # ---- in one process ----------------------------------------------------------------------------------
 
 
@@ -153,27 +179,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_weights_bitwise(tmp_path: Pa
     out, ckpt = tmp_path / "cut", tmp_path / "ckpt-cut"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [str(SCRIPT), "--out", str(out), *options, "--checkpoints", str(ckpt)]
-    job = subprocess.Popen(
-        [*command, "--pause-at", "7"],
-        env=ENV,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    ranks: list[int] = []
-    try:
-        paused = [out / "paused0", out / "paused1"]
-        deadline = time.monotonic() + 150
-        while not all(p.exists() for p in paused) and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.2)
-        assert all(p.exists() for p in paused), "the job never reached step 7"
-        time.sleep(0.2)  # the ids are written
-        ranks += [int(p.read_text()) for p in paused]
-    finally:
-        # torchrun starts each rank in a session of its own: kill the launcher and both ranks at once
-        for pid in [job.pid, *ranks]:
-            os.kill(pid, signal.SIGKILL)
-        job.wait()
+    kill_9_at_step_7(command, out)
     saved = torch.load(ckpt / "last.pt", weights_only=True)
     assert saved["position"]["epoch"] == 1 and saved["position"]["iter"] == 1  # mid-epoch, step 6
     assert len(saved["ranks"]) == 2
@@ -232,15 +238,3 @@ def test_hookscope_train_under_torchrun_writes_one_run_folder(tmp_path: Path) ->
     assert (run / "report.html").is_file() and (run / "checkpoints" / "last.pt").is_file()
     assert done.stdout.count("report: ") == 1  # the closing words come from rank 0 only
     assert len(torch.load(run / "checkpoints" / "last.pt", weights_only=True)["ranks"]) == 2
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_an_fsdp2_sharded_model_is_refused_in_one_line(tmp_path: Path) -> None:
-    done = torchrun(str(SCRIPT), "--out", str(tmp_path), "--fsdp")
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert (
-        "NotImplementedError: Learner under torchrun: 4 parameter(s) of FSDPSequential are sharded" in output
-    )
-    assert not list(tmp_path.glob("rank*.pt"))

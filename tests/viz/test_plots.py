@@ -81,6 +81,19 @@ def test_gradient_flow_has_one_bar_per_layer_and_an_update_ratio_panel(trained):
     assert ax_norm.get_yscale() == "log" and ax_ratio.get_ylabel() == "update / weight"
 
 
+def test_gradient_flow_of_a_deep_model_has_one_bar_per_block():
+    # GPT-2's layout: 12 blocks of 6 layers with parameters, and the embeddings and final norm around them
+    sublayers = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    names = ["transformer.wte", *(f"transformer.h.{b}.{s}" for b in range(12) for s in sublayers)]
+    history = {f"{name}.weight": [ParamRecord(0, 3.0, None)] for name in [*names, "transformer.ln_f"]}
+    fig = hs.viz.gradient_flow(history)
+    blocks = [f"transformer.h.{b}" for b in range(12)]
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["transformer.wte", *blocks, "transformer.ln_f"]
+    dots = [line.get_ydata()[0] for line in fig.axes[0].get_lines()]
+    assert dots[1] == pytest.approx(3.0 * np.sqrt(6))  # a block's norm: its 6 layers' combined
+
+
 def test_gradient_flow_marks_a_layer_without_gradient():
     history = {
         "used.weight": [ParamRecord(0, 0.5, None), ParamRecord(1, 0.25, None)],

@@ -6,6 +6,11 @@ gradients equal the gradient of one batch ``n_batches`` times larger. That holds
 ``n_batches`` times smaller than the big batch's. Between steps the batch is cancelled after backward,
 which skips ``opt.step()`` and ``opt.zero_grad()`` so the gradients keep adding up. ``learn.loss`` stays
 the true per-batch loss, so the Recorder and loggers see unscaled values.
+
+Under torchrun only the last micro-batch of a group reduces gradients across ranks (DDP's ``no_sync``,
+FSDP2's ``set_requires_gradient_sync``): the others add to this rank's gradients, and the one reduction
+averages the sums — the same gradients, one all-reduce (or reduce-scatter) per step instead of one per
+micro-batch.
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ class GradientAccumulation(Callback):
         if not isinstance(n_batches, int) or n_batches < 1:
             raise ValueError(f"GradientAccumulation: n_batches={n_batches!r} must be an int >= 1")
         self.n_batches = n_batches
+
+    def before_batch(self) -> None:
+        # under torchrun, gradients are reduced across ranks once per group, on its last micro-batch
+        last = self.learn.iter + 1 >= self._group_end()
+        self.learn.distributed.set_gradient_sync(self.learn.model, last)
+
+    def after_fit(self) -> None:
+        self.learn.distributed.set_gradient_sync(self.learn.model, True)
 
     def after_loss(self) -> None:
         size = self._group_end() - self._group_start()

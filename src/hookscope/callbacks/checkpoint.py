@@ -31,6 +31,7 @@ from hookscope._deprecation import renamed_keywords
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
+from hookscope.train.checkpoint.sharded import remove_unreferenced
 
 
 class Checkpoint(Callback):
@@ -38,7 +39,9 @@ class Checkpoint(Callback):
     and, when ``monitor`` names a history key (``"valid_loss"``, ``"accuracy"``), the best as ``best.pt``.
 
     Runs late (``order=90``), after the Recorder and the schedulers, so a checkpoint holds this batch's
-    records. ``sigint=False`` leaves Ctrl-C alone.
+    records. ``sigint=False`` leaves Ctrl-C alone. A model sharded with FSDP2 (or any, with
+    ``sharded=True``) saves its tensors through ``torch.distributed.checkpoint``: each rank writes its
+    shards into ``ckpt-<step>.dcp/`` beside ``ckpt-<step>.pt`` (see ``train/checkpoint/sharded.py``).
     """
 
     order = 90
@@ -55,6 +58,7 @@ class Checkpoint(Callback):
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         sigint: bool = True,
+        sharded: bool = False,
     ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"Checkpoint: every_n_steps={every_n_steps}; pass a positive int or None")
@@ -69,6 +73,7 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.mode = mode
         self.sigint = sigint
+        self.sharded = sharded
         self.best: float | None = None
         self._last_saved_step = -1
         self._interrupted = False
@@ -136,13 +141,15 @@ class Checkpoint(Callback):
 
     def _save(self, position: Position) -> Path:
         """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``."""
-        path = save_learner(self.learn, self.dir / f"ckpt-{position.training_step:08d}.pt", position)
+        path = self.dir / f"ckpt-{position.training_step:08d}.pt"
+        path = save_learner(self.learn, path, position, sharded=self.sharded)
         self._last_saved_step = position.training_step
         if not distributed.is_rank_zero():  # rank 0 writes; the others took part in save_learner
             return path
         link_atomic(path, self.dir / "last.pt")
         for old in sorted(self.dir.glob("ckpt-*.pt"))[: -self.keep_last]:
             old.unlink(missing_ok=True)
+        remove_unreferenced(self.dir)  # a sharded checkpoint's tensors go with its last file
         return path
 
     def _improved(self) -> bool:

@@ -47,6 +47,15 @@ class MixedPrecision(Callback):
         self._update_pending = False
         self._pending_state: dict[str, Any] | None = None
 
+    def fsdp_policy(self, device_type: str) -> Any:
+        """FSDP2's ``MixedPrecisionPolicy`` for this precision, which ``Learner(shard=...)`` applies:
+        parameters gathered and computed in the low dtype (half the traffic), gradients reduced in
+        float32. Autocast stays on around forward and loss, for the ops it keeps in float32."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        default = torch.float16 if device_type == "cuda" else torch.bfloat16
+        return MixedPrecisionPolicy(param_dtype=self.requested_dtype or default, reduce_dtype=torch.float32)
+
     def before_fit(self) -> None:
         self.device_type = model_device(self.learn.model).type
         default = torch.float16 if self.device_type == "cuda" else torch.bfloat16

@@ -32,7 +32,7 @@ from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
 from hookscope.hooks.select import Spec, select
-from hookscope.hooks.stats import several_ranks
+from hookscope.hooks.stats import local_part, several_ranks
 from hookscope.hooks.tensors import tensors_in
 
 CHECKS = ("activation", "loss", "gradient")
@@ -89,7 +89,7 @@ class NonFiniteCheck:
 
         The one host read of the guard.
         """
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [local_part(p.grad) for p in params if p.grad is not None]  # a sharded one: this rank's shard
         if _all_finite([*self.extremes, *self.losses, *grads], device):
             self.clear()
             return None
@@ -161,8 +161,11 @@ class BatchJournal:
         """The first non-finite value of the noted batches, each replayed from its own RNG state and under
         its autocast. ``loss_func(pred, *targets)`` is the loop's loss; None when the loop's loss is
         unknown (``hs.watch``): the sum of the outputs stands in, so the backward is replayed too. A
-        forward called with both positional and keyword inputs cannot be replayed and is passed over."""
+        forward called with both positional and keyword inputs cannot be replayed and is passed over. A
+        model with sharded parameters under torchrun is not replayed: nothing is found."""
         report = NonFiniteReport(found=False)
+        if several_ranks() and any(local_part(p) is not p for p in model.parameters()):
+            return report  # sharded (FSDP2): each replayed forward is collective, and ranks stop apart
         loss = loss_func if loss_func is not None else outputs_sum
         for batch in self.batches:
             if batch.args and batch.kwargs:

@@ -49,8 +49,9 @@ from hookscope.hooks.stats import (
     UpdateRatio,
     read_all,
     reduce_across_ranks,
+    whole_norms,
 )
-from hookscope.hooks.tensors import first_tensor, grad_norms
+from hookscope.hooks.tensors import first_tensor
 
 
 class LayerRecorder:
@@ -438,7 +439,7 @@ class GradientRecorder:
             return
         has_grad = [p.grad is not None for p in self._params]
         grads = [p.grad for p in self._params if p.grad is not None]
-        norms = grad_norms(grads) if grads else None
+        norms = whole_norms(grads) if grads else None  # a sharded gradient's: the whole tensor's
         self._step_norms = (has_grad, norms)
         if self._ratio is not None:
             self._ratio.before()

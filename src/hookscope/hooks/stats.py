@@ -23,14 +23,17 @@ Why sample those three: exact versions cost a full pass each (a per-channel max 
 slower than the sum on a CPU), and in a small CNN every pass over a conv output costs ~1-2% of the step.
 ``sample=None`` makes every statistic exact at that price.
 
-Parameter gradients get :func:`hookscope.hooks.tensors.grad_norms` (one fused norm over every tensor) and
-:class:`UpdateRatio` (``||w_after - w_before|| / ||w_after||`` measured around ``opt.step()``).
+Parameter gradients get :func:`whole_norms` (one fused norm over every tensor) and :class:`UpdateRatio`
+(``||w_after - w_before|| / ||w_after||`` measured around ``opt.step()``). Both read sharded parameters and
+gradients (``DTensor``: FSDP2's ``fully_shard``) as the whole tensor: each rank measures its shard and the
+squares are added across the shard group — never gathering the tensor.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar, overload
@@ -573,6 +576,76 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [a for a in out if a is not None]
 
 
+# ---- sharded tensors (FSDP2's fully_shard, tensor parallelism) ---------------------------------------------
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's values of ``tensor``: the local shard of a ``DTensor``, the tensor itself otherwise.
+
+    Statistics work on local parts and combine them across ranks (:func:`combine_shard_norms`), so a
+    sharded tensor is never gathered whole.
+    """
+    dtensor = _dtensor_type()
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
+
+
+def _dtensor_type() -> type | None:
+    """``DTensor``, or None while nothing imported it (then no tensor is one): keeps ``import hookscope``
+    and the single-process path off ``torch.distributed.tensor``."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def whole_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of each whole tensor as one float32 vector on their device, without a host sync.
+
+    Plain tensors take one fused norm; a ``DTensor`` (a sharded parameter or gradient) the norm of its
+    local shard, whose square is added over the ranks holding the other shards (one all-reduce per
+    process group, however many tensors) — the norm of the whole tensor, never gathered.
+    """
+    if not tensors:
+        return torch.zeros(0, dtype=torch.float32)
+    norms = torch.stack(compat.foreach_norm([local_part(t) for t in tensors])).to(torch.float32)
+    return combine_shard_norms(norms, tensors)
+
+
+def combine_shard_norms(norms: torch.Tensor, like: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``norms`` of the local parts of the tensors ``like`` (one each, in order) turned into norms of the
+    whole tensors: for each DTensor, squares added over every mesh dimension it is sharded on (a
+    replicated dimension holds copies: nothing to add). Unchanged when no tensor is a DTensor."""
+    groups = _shard_groups(like)
+    if not groups:
+        return norms
+    squares = norms.to(torch.float64).square()
+    for group, members in groups.items():
+        index = torch.tensor(members, device=squares.device)
+        part = squares.index_select(0, index)
+        torch.distributed.all_reduce(part, group=group)
+        squares.index_copy_(0, index, part)
+    return squares.sqrt_().to(torch.float32)
+
+
+def _shard_groups(tensors: Sequence[torch.Tensor]) -> dict[object, list[int]]:
+    """The process groups over which each DTensor among ``tensors`` is sharded, with their positions."""
+    dtensor = _dtensor_type()
+    groups: dict[object, list[int]] = {}
+    if dtensor is None:
+        return groups
+    for i, tensor in enumerate(tensors):
+        if not isinstance(tensor, dtensor):
+            continue
+        for dim, placement in enumerate(tensor.placements):
+            if placement.is_partial():
+                raise ValueError(
+                    f"hookscope statistics: a DTensor of shape {tuple(tensor.shape)} holds partial sums "
+                    f"({placement}), whose norm is not that of its parts; redistribute it to Shard or "
+                    "Replicate placements before the optimizer step"
+                )
+            if placement.is_shard():
+                groups.setdefault(tensor.device_mesh.get_group(dim), []).append(i)
+    return groups
+
+
 class UpdateRatio:
     """Measures ``||w_after - w_before|| / ||w_after||`` per parameter around an optimizer step.
 
@@ -589,9 +662,10 @@ class UpdateRatio:
         """Remember the current weights (copied into buffers reused from step to step)."""
         if not self.params:
             return
-        if len(self._before) != len(self.params):
-            self._before = [torch.empty_like(p) for p in self.params]
-        compat.foreach_copy_(self._before, self.params)
+        params = [local_part(p) for p in self.params]  # a DTensor's shard: the optimizer updates it in place
+        if len(self._before) != len(params):
+            self._before = [torch.empty_like(p) for p in params]
+        compat.foreach_copy_(self._before, params)
         self._armed = True
 
     def after(self) -> torch.Tensor:
@@ -603,8 +677,10 @@ class UpdateRatio:
                 "UpdateRatio.after() called without before(); call before() ahead of opt.step()"
             )
         self._armed = False
-        compat.foreach_sub_(self._before, self.params)
+        params = [local_part(p) for p in self.params]
+        compat.foreach_sub_(self._before, params)
         # one fused call for both lists: each op call costs more than these small norms
-        norms = torch.stack(compat.foreach_norm(self._before + self.params))
-        deltas, weights = norms[: len(self.params)], norms[len(self.params) :]
+        norms = torch.stack(compat.foreach_norm(self._before + params))
+        norms = combine_shard_norms(norms, self.params + self.params)
+        deltas, weights = norms[: len(params)], norms[len(params) :]
         return (deltas / weights.clamp_min(torch.finfo(weights.dtype).tiny)).to(torch.float32)

@@ -17,6 +17,7 @@ Every function here is also right in one process (world size 1): reductions retu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -31,7 +32,8 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from hookscope.hooks.stats import several_ranks
+from hookscope.hooks.select import Spec, select
+from hookscope.hooks.stats import local_part, several_ranks
 
 if TYPE_CHECKING:
     from hookscope.train.data import DataLoaders
@@ -121,6 +123,14 @@ def destroy_process_group() -> None:
     """End the process group; peers blocked in a collective with this rank fail at once, not at timeout."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _leave_group() -> None:
+    """At exit, end a group kept for sharded parameters once every rank got there: a rank that tears
+    its group down while a peer still talks to it can abort that peer (gloo)."""
+    if is_distributed():
+        dist.barrier()
+    destroy_process_group()
 
 
 # ---- reductions ----------------------------------------------------------------------------------------
@@ -260,20 +270,48 @@ def sampler_seed(loader: Any) -> int:
     return broadcast_int(seed % 2**63)
 
 
-def refuse_sharded_parameters(model: nn.Module) -> None:
-    """Refuse a model whose parameters are sharded across ranks (FSDP2's ``fully_shard``, tensor
-    parallelism: DTensors): its gradients and their norms would be one shard's, and hookscope would report
-    them as the model's — wrong numbers. DDP (full parameters on every rank) is what the Learner runs."""
-    from torch.distributed.tensor import DTensor
+# ---- FSDP2: sharded parameters ---------------------------------------------------------------------------
 
-    sharded = [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
-    if not sharded:
-        return
-    raise NotImplementedError(
-        f"Learner under torchrun: {len(sharded)} parameter(s) of {type(model).__name__} are sharded DTensors "
-        f"(FSDP2 fully_shard or tensor parallelism), e.g. {sharded[0]}; hookscope's Learner and statistics "
-        "support DistributedDataParallel only — pass the unsharded model and let the Learner wrap it"
-    )
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when ``model``'s parameters are sharded across ranks (DTensors: FSDP2's ``fully_shard``, tensor
+    parallelism). Such a model runs its own collectives in forward and backward: it is not wrapped in DDP."""
+    return any(local_part(p) is not p for p in model.parameters())
+
+
+def default_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks :func:`shard_model` wraps by default: the entries holding parameters of the outermost
+    ``nn.ModuleList`` / ``nn.Sequential`` containers (a transformer's layers, a ResNet's stages, a
+    Sequential's layers), in model order. Each becomes one FSDP2 unit: its parameters are gathered just
+    before it runs and freed after, so memory holds one block whole at a time."""
+    blocks: list[tuple[str, nn.Module]] = []
+    containers = (nn.ModuleList, nn.Sequential)
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            qualified = f"{prefix}{name}"
+            if isinstance(module, containers) and next(child.parameters(), None) is not None:
+                blocks.append((qualified, child))
+            else:
+                visit(f"{qualified}.", child)
+
+    visit("", model)
+    return blocks
+
+
+def shard_model(model: nn.Module, blocks: Spec | bool, mp_policy: Any = None) -> list[str]:
+    """Apply FSDP2's ``fully_shard`` to each block of ``model`` (``True``: :func:`default_blocks`; else a
+    selection as :func:`hookscope.select` reads it), then to the root, in place; returns the blocks'
+    names. ``mp_policy``: an FSDP2 ``MixedPrecisionPolicy`` (parameters gathered and computed in low
+    precision, gradients reduced in float32). Needs the process group."""
+    from torch.distributed.fsdp import fully_shard
+
+    chosen = default_blocks(model) if blocks is True else select(model, blocks)
+    options = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for _, module in reversed(chosen):  # reversed model order: children before their parents
+        fully_shard(module, **options)
+    fully_shard(model, **options)
+    return [name for name, _ in chosen]
 
 
 # ---- one fit under torchrun ----------------------------------------------------------------------------
@@ -290,6 +328,7 @@ class Session:
 
     ddp: nn.Module | None = None
     seed: int | None = None
+    blocks: list[str] = field(default_factory=list)  # the FSDP2 units Learner(shard=...) made
     _depth: int = 0
     _created: bool = False
     _user_dls: DataLoaders | None = None
@@ -313,22 +352,43 @@ class Session:
             self._depth = 0
             self._stop(learn)
 
+    def shard(self, learn: Learner, blocks: Spec | bool, mp_policy: Any = None) -> None:
+        """``Learner(shard=...)``: under torchrun, start the process group and shard ``learn.model`` in
+        place with FSDP2 (:func:`shard_model`) before any optimizer is built on its parameters. The group
+        then lives until the process exits, as the parameters do; in one process nothing changes."""
+        self._created = init_process_group(learn.device) or self._created
+        if not is_distributed() or is_sharded(learn.model):
+            return
+        self.blocks = shard_model(learn.model, blocks, mp_policy)
+        if self._created:
+            atexit.register(_leave_group)
+
+    def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
+        """Whether the next forward and backward reduce gradients across ranks: off for all but the last
+        micro-batch of an accumulated step (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``),
+        so an accumulated step costs one reduction, not one per micro-batch."""
+        if self.ddp is not None:
+            self.ddp.require_backward_grad_sync = enabled  # what DDP's no_sync() context sets
+        set_sync = getattr(model, "set_requires_gradient_sync", None)
+        if set_sync is not None and is_distributed():
+            set_sync(enabled)
+
     def _start(self, learn: Learner) -> None:
-        self._created = init_process_group(learn.device)
+        self._created = init_process_group(learn.device) or self._created
         if not is_distributed():
             return
-        refuse_sharded_parameters(learn.model)
         self.seed = sampler_seed(learn.dls.train) if self.seed is None else self.seed
-        ids = [learn.device.index] if learn.device.type == "cuda" else None
-        self.ddp = nn.parallel.DistributedDataParallel(learn.model, device_ids=ids)
+        sharded = is_sharded(learn.model)
+        if not sharded:  # FSDP2 modules reduce their own gradients: no DDP around them
+            ids = [learn.device.index] if learn.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(learn.model, device_ids=ids)
         self._user_dls = learn.dls
         dls = learn.dls
+        # Validation of a sharded model stays whole on every rank: each forward gathers parameters with
+        # every rank, so all must run as many batches (shards of the validation set may differ by one).
+        valid = dls.valid if dls.valid is None or sharded else self._shard(dls.valid, training=False)
         # the same kind of DataLoaders over the sharded loaders (train.data imports this module, not back)
-        learn.dls = type(dls)(
-            self._shard(dls.train, training=True),
-            self._shard(dls.valid, training=False) if dls.valid is not None else None,
-            in_memory=dls.in_memory,
-        )
+        learn.dls = type(dls)(self._shard(dls.train, training=True), valid, in_memory=dls.in_memory)
 
     def _shard(self, loader: Any, training: bool) -> Any:
         """The sharded loader of ``loader``, made once per Learner (so in-memory copies are made once)."""
@@ -349,4 +409,7 @@ class Session:
     def _stop(self, learn: Learner) -> None:
         if self._user_dls is not None:
             learn.dls, self._user_dls = self._user_dls, None
+        if is_sharded(learn.model):
+            self.ddp = None  # the group stays: the sharded parameters live on it
+            return
         self.release_peers()

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from hookscope.hooks.batch import split_batch
+from hookscope.hooks.select import Spec
 from hookscope.hooks.summary import Summary, summary
 from hookscope.hooks.tensors import model_device
 from hookscope.train import checkpoint, distributed
@@ -75,7 +76,9 @@ class Learner:
     Under ``torchrun`` the same code trains on every rank (``train/distributed.py``): each fit wraps the
     model in ``DistributedDataParallel`` for the training forward and shards the data (``learn.model``
     stays the user's module, ``learn.distributed`` holds the setup); callbacks with ``rank_zero_only =
-    True`` run on rank 0 only.
+    True`` run on rank 0 only. ``shard`` shards the model with FSDP2 instead (``True``: one unit per
+    block, see :func:`~hookscope.train.distributed.default_blocks`; or a selection of the blocks, as
+    :func:`hookscope.select` reads it); a model the user sharded with ``fully_shard`` is trained as it is.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Learner:
         cbs: Iterable[Callback | type[Callback]] | Callback | type[Callback] = (),
         device: torch.device | str | None = None,
         progress: bool | None = None,
+        shard: Spec | bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Learner: model must be a torch.nn.Module, not {type(model).__name__}")
@@ -124,6 +128,8 @@ class Learner:
         cbs = as_callbacks(cbs)
         defaults = _default_callbacks(progress)
         self.add_cbs([d for d in defaults if not any(isinstance(cb, type(d)) for cb in cbs)] + cbs)
+        if shard is not False:  # FSDP2 under torchrun, before the optimizer takes the parameters
+            self.distributed.shard(self, shard, _shard_precision(self.cbs, self.device))
         for cb in sort_callbacks(self.cbs):
             if hasattr(cb, "after_create"):
                 cb.after_create()
@@ -594,6 +600,13 @@ def _describe(items: Iterable[Any]) -> str:
 def _as_list(items: Any) -> list[Any]:
     """A single metric, or an iterable of them, as a list (fastai accepts both)."""
     return [items] if callable(items) else list(items)
+
+
+def _shard_precision(cbs: list[Callback], device: torch.device) -> Any:
+    """The FSDP2 ``MixedPrecisionPolicy`` a callback asks the sharding for (``MixedPrecision`` does, through
+    ``fsdp_policy``), or None: parameters and gradients then stay in their own dtype."""
+    policies = [cb.fsdp_policy(device.type) for cb in cbs if hasattr(cb, "fsdp_policy")]
+    return policies[0] if policies else None
 
 
 def _default_callbacks(progress: bool | None) -> list[Callback]:

@@ -157,12 +157,32 @@ def _draw_flow(ax: Axes, values: dict[str, np.ndarray], label: str) -> None:
     ax.set_ylabel(label)
 
 
+# Beyond this many layers, gradient_flow draws one bar per block (``transformer.h.3`` for every layer
+# under it, combined as a layer's parameters are), so a deep model's figure stays readable (GPT-2 small:
+# 75 layers with parameters, 12 blocks).
+MAX_FLOW_LAYERS = 40
+
+
 def _group_by_layer(params: ParamHistory) -> dict[str, list[Sequence[ParamRecord]]]:
+    """The parameters' records per layer, or per block when there are more than ``MAX_FLOW_LAYERS``."""
     layers: dict[str, list[Sequence[ParamRecord]]] = {}
     for name, records in params.items():
         layer = name.rpartition(".")[0] or "(model)"
         layers.setdefault(layer, []).append(records)
-    return layers
+    if len(layers) <= MAX_FLOW_LAYERS:
+        return layers
+    blocks: dict[str, list[Sequence[ParamRecord]]] = {}
+    for layer, records in layers.items():
+        blocks.setdefault(_block_of(layer), []).extend(records)
+    return blocks
+
+
+def _block_of(layer: str) -> str:
+    """The repeated block a layer is in: its name up to the first index (``transformer.h.3.mlp.c_fc``
+    -> ``transformer.h.3``); the layer itself outside numbered containers (``transformer.wte``)."""
+    parts = layer.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    return layer if index is None else ".".join(parts[: index + 1])
 
 
 def _layer_norms(param_records: list[Sequence[ParamRecord]]) -> np.ndarray:

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from hookscope.atomic import atomic_write_bytes
+from hookscope.train import distributed
+from hookscope.train.checkpoint.sharded import full_state_dict
 from hookscope.train.checkpoint.weights import unwrap
 
 
@@ -20,12 +22,17 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str]) -> Path:
 
     safetensors holds tensors only, so the file is safe to share and loads without pickle:
     ``model.load_state_dict(safetensors.torch.load_file(path))``. Tied weights are stored under each name.
+    A model sharded with FSDP2 is gathered whole onto rank 0's CPU, which writes: every rank calls this.
     """
     from safetensors.torch import save as safetensors_bytes
 
+    sharded = distributed.is_sharded(model)
+    state = full_state_dict(model) if sharded else unwrap(model).state_dict()
+    if sharded and not distributed.is_rank_zero():
+        return Path(path)
     tensors: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
-    for name, tensor in unwrap(model).state_dict().items():
+    for name, tensor in state.items():
         tensor = tensor.detach().cpu().contiguous()
         storage = tensor.untyped_storage().data_ptr()
         # safetensors refuses tensors sharing memory (tied weights, views of one buffer): copy the later ones

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hookscope.train import distributed
+from hookscope.train.checkpoint import sharded as dcp_files
 from hookscope.train.checkpoint.callback_state import (
     check_callback_states,
     check_param_groups,
@@ -25,6 +26,7 @@ from hookscope.train.checkpoint.callback_state import (
 )
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint, write_checkpoint
 from hookscope.train.checkpoint.rng import capture_rng, rank_states, rng_generators
+from hookscope.train.checkpoint.sharded import uses_sharded_format
 from hookscope.train.checkpoint.weights import check_model_state, unwrap
 
 if TYPE_CHECKING:
@@ -53,21 +55,30 @@ def current_position(learn: Learner) -> Position:
     return Position(epoch, done, learn.train_iter, learn.training_step)
 
 
-def save_learner(learn: Learner, path: str | os.PathLike[str], position: Position | None = None) -> Path:
+def save_learner(
+    learn: Learner, path: str | os.PathLike[str], position: Position | None = None, sharded: bool = False
+) -> Path:
     """Write the full state of ``learn`` to ``path`` atomically: model, pending gradients (mid
     accumulation), optimizer, every callback's ``state_dict`` (recorder history, schedulers, grad scaler,
     the optimizers and modules a callback owns, ...), every RNG, and the loop position. An optimizer that
     a callback owns and swapped in as ``learn.opt`` is stored once, in that callback's state.
 
     Under torchrun every rank calls this together (callback states and RNGs are gathered), rank 0 writes
-    the file, and the others wait at a barrier until it is written."""
+    the file, and the others wait at a barrier until it is written. A sharded model (or ``sharded=True``)
+    writes its model and optimizer tensors through DCP instead, each rank its shards (``sharded.py``)."""
     position = position or current_position(learn)
     callbacks = save_callback_states(learn)
     opt = learn.opt if callbacks["optimizer_owner"] is None else None
+    dcp = (
+        dcp_files.save_tensors(unwrap(learn.model), opt, Path(path))
+        if uses_sharded_format(learn, sharded)
+        else {}
+    )
     state = {
-        "model": unwrap(learn.model).state_dict(),
-        "grads": _grads(learn.model),
-        "optimizer": opt.state_dict() if opt is not None else None,
+        **dcp,
+        "model": unwrap(learn.model).state_dict() if not dcp else {},
+        "grads": _grads(learn.model) if not dcp else {},
+        "optimizer": opt.state_dict() if opt is not None and not dcp else None,
         "optimizer_type": type(opt).__name__ if opt is not None else None,
         **callbacks,
         "position": {
@@ -93,7 +104,7 @@ def load_learner(learn: Learner, path: str | os.PathLike[str]) -> dict[str, Any]
     """
     state = load_checkpoint(path)
     load_model_and_callbacks(learn, state, str(path))
-    load_optimizer(learn, state)
+    load_optimizer(learn, state, str(path))
     return state
 
 
@@ -102,14 +113,21 @@ def load_model_and_callbacks(learn: Learner, state: Mapping[str, Any], source: s
     states: everything but the optimizer, which a resumed fit loads only once ``before_fit`` has built
     the schedulers (so the saved learning rates win)."""
     _check_fits(learn, state, source)
-    unwrap(learn.model).load_state_dict(state["model"])
+    if "sharded" in state:
+        dcp_files.load_model(unwrap(learn.model), state, source)
+    else:
+        unwrap(learn.model).load_state_dict(state["model"])
     _load_grads(learn.model, state["grads"])
     load_callback_states(learn, state["callbacks"], source)
 
 
-def load_optimizer(learn: Learner, state: Mapping[str, Any]) -> None:
+def load_optimizer(learn: Learner, state: Mapping[str, Any], source: str = "") -> None:
     """Load the optimizer state, when the checkpoint has one (a Learner saved before any fit has none)."""
-    if state["optimizer"] is not None:
+    if "sharded" in state:
+        if learn.opt is None:
+            learn.create_opt()
+        dcp_files.load_optimizer(unwrap(learn.model), learn.opt, state, source)
+    elif state["optimizer"] is not None:
         learn.opt.load_state_dict(state["optimizer"])
 
 
@@ -126,7 +144,8 @@ def _load_grads(model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
 def _check_fits(learn: Learner, state: Mapping[str, Any], source: str) -> None:
     """Refuse, before anything is changed, a checkpoint whose model, optimizer or callbacks do not fit
     ``learn``."""
-    check_model_state(unwrap(learn.model), state["model"], source)
+    if "sharded" not in state:  # sharded tensors are checked by DCP as they load
+        check_model_state(unwrap(learn.model), state["model"], source)
     check_callback_states(learn, state, source)
     if state["optimizer"] is None:
         return

@@ -71,7 +71,7 @@ class Resume:
 
     def after_before_fit(self, learn: Learner) -> int:
         """Load the optimizer (and, between epochs, the RNGs); return the epoch to start at."""
-        load_optimizer(learn, self.state)
+        load_optimizer(learn, self.state, self.source)
         if not self.mid_epoch_pending:
             restore_rng(self.rank_state["rng"], rng_generators(learn))
         return self.position.epoch

@@ -1,0 +1,100 @@
+"""A hand-written loop under ``hs.watch`` that the FSDP2 tests run in one process or under torchrun.
+
+Under torchrun the model is sharded with ``fully_shard`` (each Linear, then the root) and each of the 2
+ranks takes every other sample of a batch, so together they see the batch one process sees whole. Each
+rank writes ``<out>/rank<r>.pt``: the findings, the gradient norms and update ratios per parameter, the
+last activation statistics per layer, and whether the guard stopped the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/faults.py
+
+import faults
+
+import hookscope as hs
+from hookscope.watching import NonFiniteError
+
+MODELS = {"dead": faults.dead_mlp, "exploding": faults.exploding_mlp, "plain": lambda: faults.mlp(depth=3)}
+
+
+def shard(model: nn.Module) -> None:
+    """FSDP2 on each Linear, then the root (the policy torchtitan uses for blocks)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            fully_shard(module)
+    fully_shard(model)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", choices=list(MODELS), default="dead")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--nan-at", type=int, help="make the inputs NaN from this step on (the guard stops)")
+    args = parser.parse_args()
+
+    rank, world = 0, 1
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = MODELS[args.model]()
+    if world > 1:
+        shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_func = nn.CrossEntropyLoss()
+    stopped = None
+    w = hs.watch(model, opt, quiet=True, check_every=3, guard=args.nan_at is not None)
+    try:
+        with w:
+            for x, y in faults.digits_flat().train:
+                if w.step >= args.steps:
+                    break
+                if args.nan_at is not None and w.step >= args.nan_at:
+                    x = torch.full_like(x, float("nan"))
+                loss = loss_func(model(x[rank::world]), y[rank::world])
+                w.log(loss)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    except NonFiniteError as err:
+        stopped = (err.step, err.reason)
+    result = {
+        "findings": [(f.kind, f.module, f.step, f.severity) for f in w.findings],
+        "params": {
+            name: [(r.step, r.grad_norm, r.update_ratio) for r in records]
+            for name, records in w.param_history.items()
+        },
+        "stats": {
+            name: (
+                records[-1].stats.count,
+                records[-1].stats.mean,
+                records[-1].stats.std,
+                records[-1].stats.histogram,
+            )
+            for name, records in w.activations.items()
+            if records
+        },
+        "stopped": stopped,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save(result, args.out / f"rank{rank}.pt")
+    if world > 1:
+        dist.barrier()  # no rank tears down the group while its peer still talks to it
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
