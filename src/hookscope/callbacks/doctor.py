@@ -47,6 +47,7 @@ from hookscope.doctor.preflight import preflight, training_loader
 from hookscope.doctor.preflight.overlap import train_valid_overlap
 from hookscope.doctor.protocol import loader_not_shuffled
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
+from hookscope.doctor.timing import TimingRecorder
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -127,6 +128,11 @@ class Doctor(Callback):
     def gradients(self) -> GradientRecorder:
         """The gradient statistics (``param_history``, output-gradient ``history``)."""
         return self.engine.gradients
+
+    @property
+    def timing(self) -> TimingRecorder:
+        """Where the steps' time went and memory over the run (``breakdown``, ``record()``)."""
+        return self.engine.timing
 
     @property
     def findings(self) -> list[Finding]:
@@ -233,7 +239,7 @@ class Doctor(Callback):
         owner = getattr(method, "__self__", None)
         if owner is self or not isinstance(owner, Callback):
             return method
-        return self.engine.timing.callback_time.wrap(f"{type(owner).__name__}.{event}", method)
+        return self.timing.callback_time.wrap(f"{type(owner).__name__}.{event}", method)
 
     def note(self, event: str) -> None:
         """Something named ``event`` (``"checkpoint save"``) runs now: a stall of this step names it."""

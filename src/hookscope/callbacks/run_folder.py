@@ -193,7 +193,7 @@ class RunFolder(Callback):
         doctor = _first(self.learn, Doctor)
         if doctor is not None:
             write_or_warn("findings.json", lambda: self._write_findings(doctor))
-            write_or_warn("timing.json", lambda: write_timing(self.folder.file, doctor.engine.timing))
+            write_or_warn("timing.json", lambda: write_timing(self.folder.file, doctor.timing))
         statistics = layer_statistics(self.learn)
         activations = statistics.activations
         if activations is not None:

@@ -38,7 +38,7 @@ def performance_html(timing: dict[str, Any]) -> str:
     breakdown = timing["breakdown_s"]
     step = sum(breakdown[p] for p in phases)
     cards = [("step (mean)", _ms(step)), ("steps timed", f"{timing['steps_timed']:,}")]
-    cards += [(p, f"{_ms(breakdown[p])} · {breakdown[p] / step:.0%}" if step else "-") for p in phases]
+    cards += [(f"{p} · {breakdown[p] / step:.0%}" if step else p, _ms(breakdown[p])) for p in phases]
     stalls = timing["stalls"]
     if stalls:
         cards.append(("stalls", str(len(stalls))))

@@ -194,7 +194,7 @@ def _who(recent: list[Stall], phase: int, every: int | None, epoch_length: int |
             return _slow_callback(name.removeprefix(CALLBACK), count, n)
         return (
             f"A {name} ran in {count} of the {n} stalls. ",
-            f"The usual fix: {name} less often, or in the background (torch.distributed.checkpoint."
+            f"The usual fix: run the {name} less often, or in the background (torch.distributed.checkpoint."
             "async_save for checkpoints), or to a faster disk.",
         )
     if with_gc >= n / 2:
