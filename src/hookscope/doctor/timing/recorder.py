@@ -30,6 +30,7 @@ from torch import nn
 
 from hookscope.doctor.findings import Finding
 from hookscope.doctor.timing.callback_time import CallbackTime
+from hookscope.doctor.timing.cpu_wait import CpuWait
 from hookscope.doctor.timing.cuda_clock import CudaClock
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.history import Blocks, Ring
@@ -94,6 +95,7 @@ class TimingRecorder:
         self._closed = False
         self._clock: HostClock | CudaClock = HostClock()
         self._gc = GcTime()
+        self._wait = CpuWait()
         self._hooks = HookSet()
         self._phase = DATA
         self._step = 0
@@ -120,6 +122,7 @@ class TimingRecorder:
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
         self._gc.take()
+        self._wait.take()
         self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
@@ -167,7 +170,7 @@ class TimingRecorder:
     def end_batch(self) -> None:
         """The training step ends: close its row; sample memory every ``memory_every`` steps."""
         self._switch(DATA)
-        self._clock.close(self._step, self._gc.take())
+        self._clock.close(self._step, self._gc.take(), self._wait.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
         slowest = self.callback_time.take()
@@ -189,11 +192,13 @@ class TimingRecorder:
         if self._phase == DATA:
             self._clock.restart()
             self._gc.take()
+            self._wait.take()
 
     def close(self) -> None:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
         self._hooks.remove()
         self._gc.stop()
+        self._wait.close()
         self._closed = True
         self.flush(wait=True)
         if self.memory is not None:
@@ -202,6 +207,7 @@ class TimingRecorder:
     def fail(self) -> None:
         self._hooks.remove()
         self._gc.stop()
+        self._wait.close()
         if self.memory is not None:
             self.memory.close()
 
