@@ -122,6 +122,7 @@ class TimingRecorder:
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
         self._gc.take()
+        self._wait.choose()
         self._wait.take()
         self._phase, self._closed = DATA, False
 
@@ -225,6 +226,8 @@ class TimingRecorder:
             if step >= self.warmup:
                 self.recent.add(step, row)
                 new += 1
+        if not self._closed:
+            self._wait.choose()  # the threads that compute the steps now (the intra-op pool may change)
         if new:
             steps, table = self.recent.view(BASELINE)
             self.stalls.judge(steps, table, min(new, len(steps)), self._notes, self._slowest)
