@@ -16,7 +16,7 @@ belongs to exactly one phase, so the phases add up to the step's time:
   callbacks, schedulers).
 
 ``valid`` (validation between steps) is timed but belongs to no step; ``gc`` is the garbage collector's
-time inside the step and ``wait`` the time the training thread waited for a core (a busy machine), both
+time inside the step and ``wait`` the time the training's threads waited for a core (a busy machine), both
 host time and also part of the phases above.
 """
 

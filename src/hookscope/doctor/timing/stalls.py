@@ -1,7 +1,7 @@
 """``step_stalls``: single steps far slower than the others, periodic or not, and who was running.
 
 :class:`StallDetector` looks at every step once, as its row is read: a step is a stall when its time of
-its own — its time less the time the training thread waited for a core (:mod:`~.cpu_wait`: another
+its own — its time less the time the training's threads waited for a core (:mod:`~.cpu_wait`: another
 process had it) — is above the recent steps' median by more than :data:`MADS` robust deviations (1.4826
 x the median absolute deviation), at least :data:`FACTOR` times the median and at least
 :data:`MIN_EXCESS` longer (the baseline is computed again every :data:`REBASE` steps). Each stall
