@@ -140,7 +140,10 @@ class Checkpoint(Callback):
     # ---- helpers -------------------------------------------------------------------------------------
 
     def _save(self, position: Position) -> Path:
-        """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``."""
+        """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``; the
+        Doctor, when there is one, is told (a slow step then names the save)."""
+        if hasattr(doctor := getattr(self.learn, "doctor", None), "note"):
+            doctor.note("checkpoint save")
         path = self.dir / f"ckpt-{position.training_step:08d}.pt"
         path = save_learner(self.learn, path, position, sharded=self.sharded)
         self._last_saved_step = position.training_step

@@ -1,0 +1,88 @@
+"""How long the training's threads waited for a core: the machine's share of a slow step.
+
+On a machine shared with other processes the scheduler takes the cores away now and then; a thread is
+then runnable but not running. Linux counts that time per thread (``/proc/self/task/<tid>/schedstat``,
+its second field: nanoseconds spent waiting on a run queue), so a step slowed by the machine can be told
+from one slowed by the loop: a sleep, a disk or a lock is no wait for a core, a busy machine is. The
+training thread waits for its intra-op threads (a parallel region ends when the slowest worker does), so
+the wait of a step is the longest any of them waited: the training thread's and that of the
+:data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (the doctor's checks).
+Where the files are missing (another system, a kernel without scheduler statistics) the wait reads as 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+BUSIEST = 4  # other threads read at every step: the intra-op pool that computes the step
+_TASKS = "/proc/self/task"
+
+
+class CpuWait:
+    """Seconds the training thread, or the busiest of the others, waited for a core since the last
+    :meth:`take` (a few ``pread``). The training thread is the one that calls :meth:`choose` first."""
+
+    def __init__(self) -> None:
+        self._files: dict[int, int] = {}  # thread id -> open schedstat file
+        self._last: dict[int, tuple[int, int]] = {}  # thread id -> (cpu ns, wait ns) at the last read
+        self._main: int | None = None
+        self._missing = not os.path.isdir(_TASKS)
+
+    def choose(self) -> None:
+        """Follow the training thread and the threads that used the most CPU since the last choice."""
+        if self._missing:
+            return
+        if self._main is None:
+            self._main = threading.get_native_id()
+        used = {}
+        for name in os.listdir(_TASKS):
+            now = _read_path(int(name))
+            if now is not None:
+                used[int(name)] = now[0] - self._last.get(int(name), (0, 0))[0]
+        others = sorted((tid for tid in used if tid != self._main), key=used.__getitem__, reverse=True)
+        chosen = {self._main, *others[:BUSIEST]}
+        for tid in set(self._files) - chosen:
+            os.close(self._files.pop(tid))
+            self._last.pop(tid, None)
+        for tid in chosen - set(self._files):
+            try:
+                self._files[tid] = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                continue  # the thread ended
+            self._last[tid] = _read(self._files[tid])
+
+    def take(self) -> float:
+        """The longest wait for a core of a followed thread since the last take, in seconds."""
+        longest = 0
+        for tid, fd in self._files.items():
+            try:
+                now = _read(fd)
+            except OSError:
+                continue  # the thread ended: the next choice drops it
+            longest = max(longest, now[1] - self._last[tid][1])
+            self._last[tid] = now
+        return longest / 1e9
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files, self._last, self._main = {}, {}, None
+
+
+def _read(fd: int) -> tuple[int, int]:
+    cpu, wait = os.pread(fd, 128, 0).split()[:2]
+    return int(cpu), int(wait)
+
+
+def _read_path(tid: int) -> tuple[int, int] | None:
+    try:
+        fd = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _read(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
