@@ -38,6 +38,7 @@ from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.memory import MemoryProbe
 from hookscope.doctor.timing.memory_growth import memory_growth
 from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD, OPTIMIZER, OTHER, VALID
+from hookscope.doctor.timing.recompiles import RecompileWatch
 from hookscope.doctor.timing.stalls import StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
@@ -84,6 +85,7 @@ class TimingRecorder:
         self._notes: dict[int, tuple[str, ...]] = {}  # per step: what the loop noted in it
         self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
         self._reported: set[str] = set()
+        self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class TimingRecorder:
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
         self._gc.take()
+        self.recompiles.start()
         self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
@@ -165,6 +168,7 @@ class TimingRecorder:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
         self._hooks.remove()
         self._gc.stop()
+        self.recompiles.stop()
         self._closed = True
         self.flush(wait=True)
         if self.memory is not None:
@@ -173,6 +177,7 @@ class TimingRecorder:
     def fail(self) -> None:
         self._hooks.remove()
         self._gc.stop()
+        self.recompiles.stop()
         if self.memory is not None:
             self.memory.close()
 
@@ -210,6 +215,7 @@ class TimingRecorder:
             ),
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
+            self.recompiles.finding(self.warmup),
         ]
         new = [f for f in found if f is not None and f.kind not in self._reported]
         self._reported.update(f.kind for f in new)
@@ -235,6 +241,7 @@ class TimingRecorder:
             "memory_recent": self.memory_recent.state_dict(),
             "memory_history": self.memory_history.state_dict(),
             "stalls": self.stalls.state_dict(),
+            "recompiles": self.recompiles.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -245,6 +252,7 @@ class TimingRecorder:
         self.memory_recent.load_state_dict(state["memory_recent"])
         self.memory_history.load_state_dict(state["memory_history"])
         self.stalls.load_state_dict(state["stalls"])
+        self.recompiles.load_state_dict(state["recompiles"])
         self._clock.restart()  # the time before the resume belongs to no step
         self._phase = DATA
 
