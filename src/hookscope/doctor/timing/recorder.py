@@ -33,6 +33,7 @@ from hookscope.doctor.timing.cuda_clock import CudaClock
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.history import Blocks, Ring
 from hookscope.doctor.timing.host_clock import HostClock
+from hookscope.doctor.timing.host_syncs import SyncSampler
 from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.memory import MemoryProbe
@@ -86,6 +87,7 @@ class TimingRecorder:
         self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
         self._reported: set[str] = set()
         self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
+        self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class TimingRecorder:
         self._gc.start()
         self._gc.take()
         self.recompiles.start()
+        self.host_syncs.active = self.device.type == "cuda"
         self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
@@ -130,6 +133,7 @@ class TimingRecorder:
         self._step = step
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
+        self.host_syncs.begin(step)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The loss ends the forward when the root forward's end was not seen."""
@@ -152,6 +156,7 @@ class TimingRecorder:
     def end_batch(self) -> None:
         """The training step ends: close its row; sample memory every ``memory_every`` steps."""
         self._switch(DATA)
+        self.host_syncs.end()
         self._clock.close(self._step, self._gc.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
@@ -169,6 +174,7 @@ class TimingRecorder:
         self._hooks.remove()
         self._gc.stop()
         self.recompiles.stop()
+        self.host_syncs.end()
         self._closed = True
         self.flush(wait=True)
         if self.memory is not None:
@@ -178,6 +184,7 @@ class TimingRecorder:
         self._hooks.remove()
         self._gc.stop()
         self.recompiles.stop()
+        self.host_syncs.end()
         if self.memory is not None:
             self.memory.close()
 
@@ -216,6 +223,7 @@ class TimingRecorder:
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
             self.recompiles.finding(self.warmup),
+            self.host_syncs.finding(),
         ]
         new = [f for f in found if f is not None and f.kind not in self._reported]
         self._reported.update(f.kind for f in new)
