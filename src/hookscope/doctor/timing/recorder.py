@@ -40,6 +40,7 @@ from hookscope.doctor.timing.memory import MemoryProbe
 from hookscope.doctor.timing.memory_growth import memory_growth
 from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD, OPTIMIZER, OTHER, VALID
 from hookscope.doctor.timing.recompiles import RecompileWatch
+from hookscope.doctor.timing.slow_layers import STEPS, ProfileWindow
 from hookscope.doctor.timing.stalls import StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
@@ -88,6 +89,7 @@ class TimingRecorder:
         self._reported: set[str] = set()
         self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
         self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
+        self.slow_layers = ProfileWindow(self.note)  # on request: the modules' share of the time
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class TimingRecorder:
         self._gc.take()
         self.recompiles.start()
         self.host_syncs.active = self.device.type == "cuda"
+        self.slow_layers.attach(model, self.device.type == "cuda")
         self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
@@ -119,6 +122,11 @@ class TimingRecorder:
             self.epoch_length = len(loader)
         except TypeError:
             self.epoch_length = None
+
+    def profile_layers(self, steps: int = STEPS) -> None:
+        """``slow_layers``: profile ``steps`` training steps once the warm-up is over (from the next step
+        when it is), then name the modules that take most of the forward and backward time."""
+        self.slow_layers.request(max(self.warmup, self._step), steps)
 
     def note(self, event: str) -> None:
         """Something named ``event`` runs now (a checkpoint save): the step whose time holds it — the
@@ -134,6 +142,7 @@ class TimingRecorder:
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
         self.host_syncs.begin(step)
+        self.slow_layers.begin_batch(step)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The loss ends the forward when the root forward's end was not seen."""
@@ -157,6 +166,7 @@ class TimingRecorder:
         """The training step ends: close its row; sample memory every ``memory_every`` steps."""
         self._switch(DATA)
         self.host_syncs.end()
+        self.slow_layers.end_batch()
         self._clock.close(self._step, self._gc.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
@@ -175,6 +185,7 @@ class TimingRecorder:
         self._gc.stop()
         self.recompiles.stop()
         self.host_syncs.end()
+        self.slow_layers.close()
         self._closed = True
         self.flush(wait=True)
         if self.memory is not None:
@@ -185,6 +196,7 @@ class TimingRecorder:
         self._gc.stop()
         self.recompiles.stop()
         self.host_syncs.end()
+        self.slow_layers.close()
         if self.memory is not None:
             self.memory.close()
 
@@ -224,6 +236,7 @@ class TimingRecorder:
             self._memory_finding(),
             self.recompiles.finding(self.warmup),
             self.host_syncs.finding(),
+            self.slow_layers.finding(),
         ]
         new = [f for f in found if f is not None and f.kind not in self._reported]
         self._reported.update(f.kind for f in new)
