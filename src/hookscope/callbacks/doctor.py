@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import compat
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.layer_stats import LayerStatistics
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler
@@ -135,7 +136,7 @@ class Doctor(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        self.engine.attach(self.learn.model)
+        self.engine.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
         if not self._started and self.learn.resumed_from is None:
