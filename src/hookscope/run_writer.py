@@ -1,7 +1,7 @@
 """The files of a run folder, written by the ``RunFolder`` callback and by ``hs.watch(..., path=)``.
 
-Both write the same ``findings.json``, ``stats.json``, ``summary.json``, ``config.json`` facts and
-``report.html`` (the layout is in :mod:`hookscope.staged_folder`). This module sits beside
+Both write the same ``findings.json``, ``stats.json``, ``timing.json``, ``summary.json``, ``config.json``
+facts and ``report.html`` (the layout is in :mod:`hookscope.staged_folder`). This module sits beside
 ``staged_folder`` so that ``hs.watch`` writes a run folder without depending on the callbacks: it uses
 ``hooks`` and ``doctor`` at import time, and ``viz`` (matplotlib) only inside the functions that draw.
 """
@@ -23,6 +23,7 @@ from hookscope.atomic import atomic_write_json
 from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.record_types import StepStats
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
+from hookscope.doctor.timing import TimingRecorder
 from hookscope.hooks.summary import Summary
 from hookscope.staged_folder import CONFIG, StagedFolder
 
@@ -53,6 +54,13 @@ def write_stats(file: Callable[[str], Path], latest: Mapping[str, StepStats]) ->
     atomic_write_json(file("stats.json"), rows)
 
 
+def write_timing(file: Callable[[str], Path], timing: TimingRecorder) -> None:
+    """``timing.json``: where the training time went and memory over the run (see
+    :meth:`~hookscope.doctor.timing.TimingRecorder.record`); nothing when no step was timed."""
+    if timing.steps_read:
+        atomic_write_json(file("timing.json"), timing.record())
+
+
 def write_watch_folder(
     path: str | Path,
     config: Mapping[str, Any],
@@ -61,16 +69,20 @@ def write_watch_folder(
     gradients: GradientRecorder | None,
     losses: list[float],
     model: torch.nn.Module,
+    timing: TimingRecorder | None = None,
 ) -> Path:
     """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
-    versions), findings.json, stats.json, the loss and statistics figures and report.html; returns the
-    published folder. An existing run at ``path`` is refused, as by RunFolder without ``overwrite``."""
+    versions), findings.json, stats.json, timing.json, the loss and statistics figures and report.html;
+    returns the published folder. An existing run at ``path`` is refused, as by RunFolder without
+    ``overwrite``."""
     folder = StagedFolder.start(path, KIND)
     facts = {"name": folder.final.name, "command": shlex.join(["python", *sys.argv]), "versions": versions()}
     atomic_write_json(folder.file(CONFIG), {**facts, **config, "ended": now_iso()})
     write_or_warn("findings.json", lambda: write_findings(folder.file, findings))
     if activations is not None:
         write_or_warn("stats.json", lambda: write_stats(folder.file, activations.latest()))
+    if timing is not None:
+        write_or_warn("timing.json", lambda: write_timing(folder.file, timing))
     write_or_warn(
         "the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model)
     )

@@ -21,7 +21,11 @@ optimizer, the caller (a framework callback) calls :meth:`Watch.gradients_ready`
 The mistakes of the loop around the model (a missing ``zero_grad``, training in eval mode, the same
 batch every step, graphs kept alive, a collapsing learning rate) are checked from the same hooks; the
 label mix of ``unshuffled_data`` needs the targets, given with ``w.log(loss, target=y)``. A loop that
-knows its length or its schedulers says so with :meth:`Watch.plan_run`.
+knows its length or its schedulers says so with :meth:`Watch.plan_run`. Where the time goes
+(``input_bound``, ``step_stalls``, ``memory_growth``) is timed from the same hooks; ``loader=`` (or
+:meth:`Watch.watch_loader`) hands over the training DataLoader, whose settings ``input_bound`` then names
+(a Watch cannot see the loader the loop iterates), and :meth:`Watch.note` names a slow part of the loop
+(``w.note("checkpoint save")`` before ``torch.save``).
 
 Only training forwards are recorded: a module in train mode with autograd on. Validation (``model.eval()``
 or ``torch.no_grad()``) is ignored; the Learner's Doctor diagnoses validation phases, a loop without
@@ -76,8 +80,8 @@ class NonFiniteError(RuntimeError):
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Watch:
     """Watch ``model`` while a hand-written loop trains it: ``hs.watch(model, opt, doctor=True, stats=True,
-    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, path=None)``; the
-    options are keyword-only, see :class:`Watch`."""
+    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, path=None,
+    loader=None)``; the options are keyword-only, see :class:`Watch`."""
     return Watch(model, optimizer, **options)
 
 
@@ -91,7 +95,8 @@ class Watch:
     mean for ``hs.callbacks.Doctor``: by default (``every=None``) the per-layer statistics follow the same
     adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step. ``path``: a
     folder that receives, at close, the run folder and ``report.html`` a Learner's ``RunFolder`` writes
-    (an existing run there is refused, as by RunFolder).
+    (an existing run there is refused, as by RunFolder). ``loader``: the training DataLoader, whose
+    settings ``input_bound`` names (see :meth:`watch_loader`).
     """
 
     @renamed_keywords(report="path")
@@ -109,6 +114,7 @@ class Watch:
         thresholds: Thresholds | None = None,
         quiet: bool = False,
         path: str | Path | None = None,
+        loader: Any = None,
     ) -> None:
         _refuse_bad_arguments(model, optimizer, doctor, stats)
         # A torch.compile'd model: hook the user's module, so names read as in their code (no _orig_mod.)
@@ -127,6 +133,7 @@ class Watch:
         if stats:
             settings = dict(select=select, every=every, check_every=check_every, thresholds=thresholds)
             self._engine = Engine(**settings, quiet=quiet, diagnose=doctor, **_WATCH_ENGINE)
+        self.watch_loader(loader)
         self._guard = NonFiniteCheck(None, training=module_in_training) if guard else None
         self._hooks = HookSet()
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -204,6 +211,18 @@ class Watch:
         (the integrations); ``hs.watch(model, optimizer)`` follows its optimizer already."""
         if self._engine is not None:
             self._engine.watch_optimizer(optimizer)
+
+    def watch_loader(self, loader: Any) -> None:
+        """The training DataLoader (None: none): ``input_bound`` names its ``num_workers``,
+        ``pin_memory``, ``persistent_workers`` and ``prefetch_factor``, ``step_stalls`` its epoch length."""
+        if self._engine is not None and loader is not None:
+            self._engine.watch_loader(loader)
+
+    def note(self, event: str) -> None:
+        """Something named ``event`` (``"checkpoint save"``) runs now: if this step stalls, the finding
+        names it."""
+        if self._engine is not None and not self._closed:
+            self._engine.note(event)
 
     def gradients_ready(self) -> None:
         """The gradients are final (unscaled) for this optimizer step: check and read them now."""
@@ -358,6 +377,7 @@ class Watch:
             engine.gradients if engine is not None else None,
             [value for _, value in engine.loss_history] if engine is not None else [],
             self.model,
+            engine.timing if engine is not None and engine.diagnose_enabled else None,
         )
 
 

@@ -135,7 +135,10 @@ class Checkpoint(Callback):
     # ---- helpers -------------------------------------------------------------------------------------
 
     def _save(self, position: Position) -> Path:
-        """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``."""
+        """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``; the
+        Doctor, when there is one, is told (a slow step then names the save)."""
+        if hasattr(doctor := getattr(self.learn, "doctor", None), "note"):
+            doctor.note("checkpoint save")
         path = save_learner(self.learn, self.dir / f"ckpt-{position.training_step:08d}.pt", position)
         self._last_saved_step = position.training_step
         if not distributed.is_rank_zero():  # rank 0 writes; the others took part in save_learner

@@ -15,6 +15,11 @@ at ``before_batch``), and whether the training loader shuffles (at the first ``b
 transfers and applies the rules of :mod:`hookscope.doctor.rules`. New findings are printed once,
 deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
 
+Where the time goes (``input_bound``, ``step_stalls``, ``memory_growth``): the engine times every training
+step; the Doctor hands it the training loader (its settings are named in the advice) and, through
+:meth:`Doctor.wrap_method` (the dispatch table's general mechanism), times every other callback's events,
+so a stall names the callback that ran in it. ``Checkpoint`` says when it saves (:meth:`Doctor.note`).
+
 ``Doctor(guard=True)`` adds a :class:`NonFiniteGuard` beside it as a companion (see
 :attr:`hookscope.train.callback.Callback.companions`): a callback of its own, placed by its own order.
 
@@ -43,6 +48,7 @@ from hookscope.doctor.preflight import preflight, training_loader
 from hookscope.doctor.preflight.overlap import train_valid_overlap
 from hookscope.doctor.protocol import loader_not_shuffled
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
+from hookscope.doctor.timing import TimingRecorder
 from hookscope.hooks.select import Spec
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -125,6 +131,11 @@ class Doctor(Callback):
         return self.engine.gradients
 
     @property
+    def timing(self) -> TimingRecorder:
+        """Where the steps' time went and memory over the run (``breakdown``, ``record()``)."""
+        return self.engine.timing
+
+    @property
     def findings(self) -> list[Finding]:
         """Every finding so far, in the order they appeared."""
         return self.engine.findings
@@ -137,6 +148,7 @@ class Doctor(Callback):
 
     def before_fit(self) -> None:
         self.engine.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
+        self.engine.watch_loader(self.learn.dls.train)
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
         if not self._started and self.learn.resumed_from is None:
@@ -222,6 +234,17 @@ class Doctor(Callback):
 
     def on_failure(self, exc: BaseException) -> None:
         self.engine.fail()
+
+    def wrap_method(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        """Another callback's handler of ``event``, timed: a stalled step names the slowest one in it."""
+        owner = getattr(method, "__self__", None)
+        if owner is self or not isinstance(owner, Callback):
+            return method
+        return self.timing.callback_time.wrap(f"{type(owner).__name__}.{event}", method)
+
+    def note(self, event: str) -> None:
+        """Something named ``event`` (``"checkpoint save"``) runs now: a stall of this step names it."""
+        self.engine.note(event)
 
     # ---- checkpoint state ------------------------------------------------------------------------------
 

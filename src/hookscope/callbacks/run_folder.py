@@ -4,14 +4,14 @@
     learn.fit(5)          # runs/a/report.html
 
 The folder holds ``config.json`` (options, command, versions, times, status), ``metrics.csv/.jsonl`` (a
-:class:`MetricsLogger`), ``summary.txt/.json``, ``findings.json`` and ``stats.json`` (when a Doctor or
-ActivationStats ran), ``preflight.json`` (when ``hs.preflight`` ran before the fit), ``pruning.json``
-(when a Pruning callback ran), ``figures/*.png`` (curves, statistics, gradient flow, feature maps of the
-first convolutions), ``checkpoints/`` when asked, and ``report.html``. It is written under the hidden
-name ``.<name>.partial`` and renamed into place when the fit ends (see :mod:`hookscope.staged_folder`);
+:class:`MetricsLogger`), ``summary.txt/.json``, ``findings.json``, ``timing.json`` and ``stats.json`` (when a
+Doctor or ActivationStats ran), ``preflight.json`` (when ``hs.preflight`` ran before the fit),
+``pruning.json`` (when a Pruning callback ran), ``figures/*.png`` (curves, statistics, gradient flow, feature
+maps of the first convolutions), ``checkpoints/`` when asked, and ``report.html``. It is written under the
+hidden name ``.<name>.partial`` and renamed into place when the fit ends (see :mod:`hookscope.staged_folder`);
 a fit that fails or is interrupted keeps the partial folder, with a report saying where it stopped, and
-``fit(n, resume=<folder>)`` with the same callback continues it. ``hookscope train`` is this callback
-around a Learner.
+``fit(n, resume=<folder>)`` with the same callback continues it. ``hookscope train`` is this callback around a
+Learner.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from hookscope.run_writer import (
     write_or_warn,
     write_report_html,
     write_stats,
+    write_timing,
 )
 from hookscope.staged_folder import CONFIG, StagedFolder, read_json
 from hookscope.train.callback import Callback
@@ -192,6 +193,7 @@ class RunFolder(Callback):
         doctor = _first(self.learn, Doctor)
         if doctor is not None:
             write_or_warn("findings.json", lambda: self._write_findings(doctor))
+            write_or_warn("timing.json", lambda: write_timing(self.folder.file, doctor.timing))
         statistics = layer_statistics(self.learn)
         activations = statistics.activations
         if activations is not None:

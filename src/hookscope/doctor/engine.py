@@ -8,10 +8,12 @@ One engine serves every loop, and every loop feeds it the same way: explicit cal
 :meth:`~Engine.close` — made by the Learner's ``Doctor`` callback, ``hs.watch`` and the integrations from
 their loop's events.
 
-The engine owns four recorders — activations and gradients (:mod:`hookscope.doctor.recorders`),
+The engine owns five recorders — activations and gradients (:mod:`hookscope.doctor.recorders`),
 saturation (:mod:`hookscope.doctor.saturation`) and, when it diagnoses, the loop's protocol
 (:mod:`hookscope.doctor.protocol`: zero_grad, modes, batches, graphs, the learning-rate schedule; fed
-:meth:`~Engine.log_target` and :meth:`~Engine.plan_run` too) — and drives them with every feed call.
+:meth:`~Engine.log_target` and :meth:`~Engine.plan_run` too) and where the time and memory go
+(:mod:`hookscope.doctor.timing`: ``input_bound``, ``step_stalls``, ``memory_growth``; fed
+:meth:`~Engine.watch_loader` and :meth:`~Engine.note` too) — and drives them with every feed call.
 Whether a training step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
 :class:`~hookscope.doctor.schedule.Cadence`, and handed to each recorder as a boolean.
 
@@ -43,6 +45,7 @@ from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.saturation import SaturationRecorder
 from hookscope.doctor.schedule import Cadence
 from hookscope.doctor.selection import PASS_THROUGH, RESHAPES, TrainingOf, computing_leaves
+from hookscope.doctor.timing import TimingRecorder
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.stats import several_ranks, to_host
@@ -102,8 +105,9 @@ class Engine:
             recorder.training_of = training_of
         # the protocol's checks are rules with hooks of their own: recording without rules needs none
         self.protocol = ProtocolRecorder()
+        self.timing = TimingRecorder()
         if diagnose:
-            self._recorders += (self.protocol,)
+            self._recorders += (self.protocol, self.timing)
         self.losses = LossHistory()
         # called with the new findings at the end of every check: an adapter logs or acts then
         self.after_check: list[Callable[[list[Finding]], None]] = []
@@ -201,6 +205,8 @@ class Engine:
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The batch's loss (a device tensor; no host sync): the loss rules read the training ones, the
         validation phase counts non-finite ones."""
+        if self.diagnose_enabled:
+            self.timing.log_loss(loss, training)
         if training:
             self._losses.append((self._step, loss.detach().float()))
         elif self._in_valid:
@@ -210,17 +216,20 @@ class Engine:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
         self.gradients.gradients_ready()
         self.protocol.gradients_ready()
+        self.timing.gradients_ready()
         self.adversaries.watched_step()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
         self.gradients.step_done()
         self.protocol.step_done()
+        self.timing.step_done()
 
     def step_cancelled(self) -> None:
         """The step was cancelled after :meth:`gradients_ready`: the norms stay, without a ratio."""
         self.gradients.step_cancelled()
         self.protocol.step_cancelled()
+        self.timing.step_cancelled()
 
     def discard_batch(self) -> None:
         """The step did not happen (a grad scaler skipped it): forget its statistics windows."""
@@ -234,16 +243,19 @@ class Engine:
         self._steps_since_check += 1
         if self._steps_since_check >= self.check_every:
             self.check()
+            self.timing.leave_out()  # the doctor's own check is no part of the next step
 
     def begin_valid(self) -> None:
         self.activations.begin_valid()
         self.protocol.begin_valid()
+        self.timing.begin_valid()
         self._valid_losses, self._in_valid = [], True
 
     def end_valid(self, step: int) -> None:
         """Count the phase's non-finite batch losses on the device; :meth:`check` reads the count."""
         self.activations.end_valid(step)
         self.protocol.end_valid(step)
+        self.timing.end_valid(step)
         losses, self._valid_losses, self._in_valid = self._valid_losses, [], False
         if losses:
             bad = torch.stack([loss.float().sum() for loss in losses]).isfinite().logical_not().sum()
@@ -271,6 +283,14 @@ class Engine:
         self.optimizer = optimizer
         self.protocol.watch_optimizer(optimizer)
         self.adversaries.watch_optimizer(optimizer)
+
+    def watch_loader(self, loader: Any) -> None:
+        """The training DataLoader: ``input_bound`` names its settings, ``step_stalls`` its epoch length."""
+        self.timing.watch_loader(loader)
+
+    def note(self, event: str) -> None:
+        """Something named ``event`` (``"checkpoint save"``) runs now: a stall of this step names it."""
+        self.timing.note(event)
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""
@@ -311,6 +331,7 @@ class Engine:
         """Every pending device statistic to the host: the recorders' and the engine's own."""
         self.activations.flush()
         self.gradients.flush()
+        self.timing.flush()
         self._read_own()
         self._follow_thinnings()
 
@@ -330,6 +351,8 @@ class Engine:
             *self._record_rules(th),
             *rules.nonfinite_validation(self.valid_phases, self.activations.valid_history),
             *self.protocol.findings(),
+            # a game's other player steps between two watched steps: no wait for data to measure there
+            *self.timing.findings(data_is_waiting=not self.adversaries.game),
         ]
 
     def _record_rules(self, th: Thresholds) -> list[Finding]:
@@ -447,6 +470,7 @@ class Engine:
             "gradients": self.gradients.state_dict(),
             "saturation": self.saturation.state_dict(),
             "protocol": self.protocol.state_dict(),
+            "timing": self.timing.state_dict(),
             "losses": self.losses.state_dict(),
             "steps_since_check": self._steps_since_check,
             "valid_phases": [list(phase) for phase in self.valid_phases],
@@ -463,6 +487,8 @@ class Engine:
                 recorder.load_state_dict(state[key])
         if "protocol" in state:
             self.protocol.load_state_dict(state["protocol"])
+        if "timing" in state:
+            self.timing.load_state_dict(state["timing"])
         if "saturation" in state:
             self.saturation.load_state_dict(state["saturation"])
         else:

@@ -116,14 +116,20 @@ class WatchCallback:
         return [] if self.watch is None else self.watch.findings
 
     def _start(
-        self, wrapper: nn.Module, model: nn.Module | None, optimizers: Iterable[Any] | None = None
+        self,
+        wrapper: nn.Module,
+        model: nn.Module | None,
+        optimizers: Iterable[Any] | None = None,
+        loader: Any = None,
     ) -> Watch:
         """A new Watch over the user's model inside the framework's ``wrapper`` (``model`` when the user
-        chose it, see :func:`user_model`); ``optimizers`` are hooked to see whether each step happened."""
+        chose it, see :func:`user_model`); ``optimizers`` are hooked to see whether each step happened;
+        ``loader``, the framework's training loader, has its settings named by ``input_bound``."""
         from hookscope.watching import watch
 
         self.close()
         self.watch = watch(user_model(wrapper, model), **self.options)
+        self.watch.watch_loader(loader)
         if optimizers is not None:
             optimizers = list(optimizers)
             self._steps.attach(optimizers)

@@ -45,7 +45,7 @@ class HookscopeCallback(WatchCallback, Callback):
 
     def before_fit(self) -> None:
         learn = self.learn
-        self._start(learn.model, self.watched, [learn.opt])
+        self._start(learn.model, self.watched, [learn.opt], learn.dls.train)
         batches = len(learn.dls.train)
         schedulers = [type(cb).__name__ for cb in learn.cbs if isinstance(cb, ParamScheduler)]
         self._plan(learn.n_epoch * batches, batches, schedulers)

@@ -47,7 +47,7 @@ class HookscopeCallback(WatchCallback, pl.Callback):
         self._ready = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        watch = self._start(pl_module, self.model, trainer.optimizers)
+        watch = self._start(pl_module, self.model, trainer.optimizers, trainer.train_dataloader)
         watch.after_check.append(lambda findings: self._log_scalars(trainer))
         self._ready = False
         self._plan(

@@ -49,7 +49,7 @@ class HookscopeCallback(WatchCallback, TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         model = kwargs["model"]
-        self._start(model, self.model, [kwargs["optimizer"]])
+        self._start(model, self.model, [kwargs["optimizer"]], kwargs.get("train_dataloader"))
         self._loss_hook.forward(model, self._log_loss, with_kwargs=True)
         scheduler = kwargs.get("lr_scheduler")
         self._plan(state.max_steps or None, None, [scheduler] if scheduler is not None else [])

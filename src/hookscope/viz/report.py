@@ -1,10 +1,11 @@
 """The run report: one self-contained HTML file built from a run folder; no network, no JavaScript needed.
 
 Everything comes from the files of the run folder (``config.json``, ``metrics.jsonl``, ``findings.json``,
-``summary.json``, ``stats.json``, ``figures/*.png``), so ``hookscope report RUN_DIR`` can rebuild the report
-at any time. Figures are embedded as ``data:`` URIs and the style sheet is inline: the file can be mailed,
-attached to an issue or opened from a laptop with no network. A figure is placed in its section by the
-start of its file name (``loss*.png`` under "Training curves", ``feature_maps*.png`` under "Feature maps"...).
+``summary.json``, ``stats.json``, ``timing.json``, ``figures/*.png``), so ``hookscope report RUN_DIR`` can
+rebuild the report at any time. Figures are embedded as ``data:`` URIs and the style sheet is inline: the file
+can be mailed, attached to an issue or opened from a laptop with no network. A figure is placed in its section
+by the start of its file name (``loss*.png`` under "Training curves", ``feature_maps*.png`` under "Feature
+maps"...).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def write_report(path: str | Path) -> Path:
         *_figure_sections(figures, config, summary),
         _preflight_section(_read_json(run_dir / "preflight.json", None)),
         _findings_section(findings, run_dir / "figures"),
+        _performance_section(_read_json(run_dir / "timing.json", None)),
         _stats_section(stats),
         _pruning_section(_read_json(run_dir / "pruning.json", None)),
         _summary_section(summary),
@@ -341,6 +343,15 @@ def _stats_section(stats: list[dict[str, Any]]) -> str:
     rows = [[html.escape(_fmt(row.get(c, ""))) for c in columns] for row in stats]
     numeric = {i for i, c in enumerate(columns) if isinstance(stats[0].get(c), int | float)}
     return _section("Per-layer activation statistics", lead, _table(columns, rows, numeric, "stats"))
+
+
+def _performance_section(timing: dict[str, Any] | None) -> str:
+    """Where the time went (drawn here from timing.json: matplotlib loads only when there is one)."""
+    if timing is None:
+        return ""
+    from hookscope.viz.performance import LEAD, performance_html
+
+    return _section("Performance", LEAD, performance_html(timing))
 
 
 def _pruning_section(pruning: dict[str, Any] | None) -> str:

@@ -6,7 +6,8 @@ transfer and written together with the statistics and the doctor's new findings.
 from the ActivationStats / GradientStats already attached, or a :class:`~hookscope.callbacks.Doctor`
 (found with :func:`~hookscope.callbacks.layer_stats.layer_statistics`): their histograms are computed
 on the device and read in their own bulk transfers; a tracker adds no hook and no statistic of its own.
-Scalars are logged at most every ``stats_every`` steps, histograms every ``hist_every`` steps.
+Scalars are logged at most every ``stats_every`` steps, histograms every ``hist_every`` steps; the
+doctor's timing of the steps (``time/data``, ``time/forward``... ``time/step``, seconds) at the same rate.
 
 A tracker never stops training: one that cannot import its library, start, or write is reported once as
 a warning naming the tracker and the cause, and is off for the rest of the fit; what it wrote is kept.
@@ -104,6 +105,7 @@ class Tracker(Callback, ABC):
         self._findings_logged = 0
         self._stats_last: int | None = None
         self._hist_last: int | None = None
+        self._timing_last: int | None = None
         self._active = self._off = False
         self._pending: list[tuple[int, torch.Tensor, list[Any]]] = []
         self._last_step = self._read_at = 0
@@ -215,7 +217,11 @@ class Tracker(Callback, ABC):
         state.update(
             {
                 k: v
-                for k, v in (("stats_last", self._stats_last), ("hist_last", self._hist_last))
+                for k, v in (
+                    ("stats_last", self._stats_last),
+                    ("hist_last", self._hist_last),
+                    ("timing_last", self._timing_last),
+                )
                 if v is not None
             }
         )
@@ -225,6 +231,7 @@ class Tracker(Callback, ABC):
         self.run_id = state["run_id"]
         self._findings_logged = state["findings_logged"]
         self._stats_last, self._hist_last = state.get("stats_last"), state.get("hist_last")
+        self._timing_last = state.get("timing_last")
 
     # ---- the work --------------------------------------------------------------------------------------
 
@@ -248,6 +255,7 @@ class Tracker(Callback, ABC):
         self._read_at = self.learn.training_step
         rows: Rows = {}
         self._take_losses(rows)
+        self._take_timing(rows)
         histograms = self._take_stats(rows)
         if rows:
             self.write_scalars(rows)
@@ -267,6 +275,14 @@ class Tracker(Callback, ABC):
             else:
                 values.update({f"train/lr_{i}": float(lr) for i, lr in enumerate(lrs)})
             add_row(rows, step, values)
+
+    def _take_timing(self, rows: Rows) -> None:
+        """``time/<phase>`` seconds of the steps the doctor timed since the last read, ``stats_every``
+        apart (host numbers the doctor read at its checks)."""
+        timing = getattr(getattr(self.learn, "doctor", None), "timing", None)
+        for step, values in timing.scalars_since(self._timing_last, self.stats_every) if timing else ():
+            add_row(rows, step, values)
+            self._timing_last = step
 
     def _take_stats(self, rows: Rows) -> dict[int, dict[str, TensorStats]]:
         """Add the statistics scalars due to ``rows``; return the histograms due, by step."""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hookscope.doctor.findings import Finding
+from hookscope.doctor.timing.callback_time import CallbackTime
 from hookscope.doctor.timing.cuda_clock import CudaClock
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.history import Blocks, Ring
@@ -38,24 +39,39 @@ from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.memory import MemoryProbe
 from hookscope.doctor.timing.memory_growth import memory_growth
-from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD, OPTIMIZER, OTHER, VALID
+from hookscope.doctor.timing.phases import (
+    BACKWARD,
+    COLUMNS,
+    DATA,
+    FORWARD,
+    OPTIMIZER,
+    OTHER,
+    PHASES,
+    STEP_PHASES,
+    VALID,
+)
 from hookscope.doctor.timing.recompiles import RecompileWatch
 from hookscope.doctor.timing.slow_layers import STEPS, ProfileWindow
-from hookscope.doctor.timing.stalls import StallDetector, step_stalls
+from hookscope.doctor.timing.stalls import MIN_EXCESS, StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
 
-RECENT = 1024  # steps kept one by one: the stalls' share of the time is counted over them
+RECENT = 512  # steps kept one by one: the stalls' share of the time is counted over them
 BASELINE = 256  # the recent steps a new step is judged against, and input_bound reads
 RULES_EVERY = 50  # steps read between two runs of the rules (a check's cost stays small)
 MEMORY_RECENT = 256  # memory samples the rule reads
 HISTORY = 1000  # rows of the run's thinned history
+STALLS_KEPT = 64  # the latest stalls in the run's record
+MIN_CALLBACK = MIN_EXCESS / 2  # seconds: a callback call shorter than this cannot explain a stall
 
 
 class TimingRecorder:
     """Phase times per optimizer step, memory every ``memory_every`` steps (None: every step on CUDA,
     every 4th on the CPU), the first ``warmup`` steps left out of the rules. ``loader``: the training
     DataLoader, whose settings ``input_bound`` names (also :meth:`watch_loader`)."""
+
+    # Its histories are bounded by their own blocks: the engine's cadence has nothing to follow here.
+    thinnings = 0
 
     def __init__(self, warmup: int = 10, memory_every: int | None = None, loader: Any = None) -> None:
         if warmup < 0 or (memory_every is not None and memory_every < 1):
@@ -74,6 +90,7 @@ class TimingRecorder:
         self.memory_recent = Ring(MEMORY_RECENT, 1)
         self.memory_history = Blocks(HISTORY, 1)
         self.stalls = StallDetector()
+        self.callback_time = CallbackTime()
         self.memory: MemoryProbe | None = None
         self.steps_read = 0  # steps whose times reached the host
         self._ruled_at: int | None = None  # steps_read when the rules last ran
@@ -86,6 +103,7 @@ class TimingRecorder:
         self._forward_seen = False  # the root forward's hooks fire: they, not begin_batch, start it
         self._notes: dict[int, tuple[str, ...]] = {}  # per step: what the loop noted in it
         self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
+        self._slowest: dict[int, tuple[str, float]] = {}  # per step: its slowest callback event
         self._reported: set[str] = set()
         self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
         self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
@@ -170,6 +188,9 @@ class TimingRecorder:
         self._clock.close(self._step, self._gc.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
+        slowest = self.callback_time.take()
+        if slowest is not None and slowest[1] >= MIN_CALLBACK:
+            self._slowest[self._step] = slowest
         if self.memory is not None and self._step % self.memory_every == 0:
             self._take_memory(self._step, self.memory.read())
 
@@ -178,6 +199,14 @@ class TimingRecorder:
 
     def end_valid(self, step: int) -> None:
         self._switch(DATA)
+        self.callback_time.take()  # validation's callbacks belong to no step
+
+    def leave_out(self) -> None:
+        """The time since the last step ended (the doctor's own check, run between two steps) belongs to
+        no step."""
+        if self._phase == DATA:
+            self._clock.restart()
+            self._gc.take()
 
     def close(self) -> None:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
@@ -216,13 +245,16 @@ class TimingRecorder:
                 new += 1
         if new:
             steps, table = self.recent.view(BASELINE)
-            self.stalls.judge(steps, table, min(new, len(steps)), self._notes)
+            self.stalls.judge(steps, table, min(new, len(steps)), self._notes, self._slowest)
             oldest = int(steps[0])
             self._notes = {s: n for s, n in self._notes.items() if s >= oldest}
+            self._slowest = {s: c for s, c in self._slowest.items() if s >= oldest}
 
-    def findings(self) -> list[Finding]:
+    def findings(self, data_is_waiting: bool = True) -> list[Finding]:
         """Read what is pending, run the rules and return the findings not returned before. The rules
-        run once :data:`RULES_EVERY` steps were read since their last run, and after :meth:`close`."""
+        run once :data:`RULES_EVERY` steps were read since their last run, and after :meth:`close`.
+        ``data_is_waiting=False``: the time between two steps holds other training (a GAN's other
+        player steps there), so ``input_bound`` cannot tell the loader's share and stays silent."""
         self.flush()
         if self._ruled_at is not None and self.steps_read - self._ruled_at < RULES_EVERY and not self._closed:
             return []
@@ -231,7 +263,9 @@ class TimingRecorder:
         found = [
             input_bound(
                 steps[-BASELINE:], rows[-BASELINE:], self.loader, usable_cores(), self.device.type == "cuda"
-            ),
+            )
+            if data_is_waiting
+            else None,
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
             self.recompiles.finding(self.warmup),
@@ -248,6 +282,55 @@ class TimingRecorder:
         _, rows = self.recent.view()
         means = rows.mean(axis=0) if len(rows) else np.zeros(len(COLUMNS))
         return dict(zip(COLUMNS, (float(v) for v in means), strict=True))
+
+    def record(self) -> dict[str, Any]:
+        """The run's timing as plain numbers (``timing.json``, the report's Performance section, the
+        trackers): the mean breakdown, the whole run in blocks of steps, the recent step times, memory
+        over the run and the stalls (steps timed so far: read at the doctor's checks)."""
+        steps, rows = self.recent.view()
+        memory = self.memory
+        return {
+            "columns": list(COLUMNS),
+            "step_phases": list(PHASES),
+            "steps_timed": self.steps_read,
+            "breakdown_s": {k: _us(v) for k, v in self.breakdown.items()},
+            "run": {
+                "first_steps": list(self.history.first_steps),
+                "stride": self.history.stride,
+                "seconds": [[_us(v) for v in row] for row in self.history.means],
+            },
+            "recent": {
+                "steps": steps.tolist(),
+                "step_s": [_us(v) for v in rows[:, :STEP_PHASES].sum(axis=1)],
+            },
+            "memory": {
+                "what": memory.what if memory is not None else None,
+                "total_bytes": memory.total if memory is not None else None,
+                "first_steps": list(self.memory_history.first_steps),
+                "bytes": [float(row[0]) for row in self.memory_history.means],
+            },
+            "stalls": [
+                {
+                    "step": s.step,
+                    "seconds": _us(s.seconds),
+                    "usual": _us(s.usual),
+                    "phase": PHASES[s.phase],
+                    "notes": list(s.notes),
+                }
+                for s in list(self.stalls.stalls)[-STALLS_KEPT:]
+            ],
+        }
+
+    def scalars_since(self, after: int | None, spacing: int) -> list[tuple[int, dict[str, float]]]:
+        """``time/<phase>`` and ``time/step`` seconds of the recent steps after step ``after``, each at
+        least ``spacing`` after the one before (what a tracker logs at each read)."""
+        chosen = []
+        for step, row in zip(*self.recent.view(), strict=True):
+            if after is None or step >= after + spacing:
+                values = {f"time/{phase}": float(row[i]) for i, phase in enumerate(PHASES)}
+                chosen.append((int(step), {**values, "time/step": float(row[:STEP_PHASES].sum())}))
+                after = int(step)
+        return chosen
 
     # ---- checkpoint state ----------------------------------------------------------------------------
 
@@ -307,3 +390,8 @@ class TimingRecorder:
             return None
         steps, values = self.memory_recent.view()
         return memory_growth(steps, values[:, 0], self.memory.what, self.memory.where, self.memory.total)
+
+
+def _us(seconds: float) -> float:
+    """Seconds to the microsecond (the record stays small)."""
+    return round(float(seconds), 6)

@@ -5,12 +5,14 @@ above the recent steps' median by more than :data:`MADS` robust deviations (1.48
 deviation), at least :data:`FACTOR` times the median and at least :data:`MIN_EXCESS` longer (the
 baseline is computed again every :data:`REBASE` steps). Each stall
 keeps what was running: the phase where its extra time went, the garbage collector's seconds in it
-(``gc.callbacks``) and the events the loop noted in it (``note("checkpoint")``).
+(``gc.callbacks``), the events the loop noted in it (``note("checkpoint save")``) and the callback event
+that took half its extra time or more (``callback Logger.after_batch``).
 
 :func:`step_stalls` reports them when they are periodic — :data:`MIN_PERIODIC` or more stalls, most gaps
 between them equal — and take at least :data:`PERIODIC_SHARE` of the time, or, not periodic, when
-:data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the recent steps). A
-busy machine's odd slow step stays below both.
+:data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the recent steps). Only
+isolated stalls count: consecutive slow steps are a busy machine slowing the run down for a while (the
+cores taken by another process), and a busy machine's odd slow step stays below both bars.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ MIN_PERIODIC = 4
 PERIODIC_SHARE = 0.02
 KEPT = 512
 REBASE = 32  # new steps judged against one baseline before it is computed again
+CALLBACK = "callback "  # how a note names a callback event that took a stall's time
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,16 @@ class StallDetector:
         self._baseline: tuple[float, float, np.ndarray] | None = None  # usual, limit, typical phases
         self._judged = 0  # steps judged against it
 
-    def judge(self, steps: np.ndarray, rows: np.ndarray, new: int, notes: dict[int, tuple[str, ...]]) -> None:
-        """The last ``new`` of the recent ``steps``/``rows`` are read for the first time."""
+    def judge(
+        self,
+        steps: np.ndarray,
+        rows: np.ndarray,
+        new: int,
+        notes: dict[int, tuple[str, ...]],
+        slowest: dict[int, tuple[str, float]] | None = None,
+    ) -> None:
+        """The last ``new`` of the recent ``steps``/``rows`` are read for the first time; ``notes``: what
+        the loop noted per step, ``slowest``: each step's slowest callback event and its seconds."""
         if len(steps) < MIN_BASELINE or new == 0:
             return
         totals = rows[:, :STEP_PHASES].sum(axis=1)
@@ -72,9 +83,11 @@ class StallDetector:
                 continue
             step = int(steps[i])
             phase = int(np.argmax(rows[i, :STEP_PHASES] - typical))
-            self.stalls.append(
-                Stall(step, float(totals[i]), usual, phase, float(rows[i, -1]), notes.get(step, ()))
-            )
+            noted = notes.get(step, ())
+            callback = (slowest or {}).get(step)
+            if callback is not None and callback[1] >= 0.5 * (totals[i] - usual):
+                noted = (*noted, f"{CALLBACK}{callback[0]}")
+            self.stalls.append(Stall(step, float(totals[i]), usual, phase, float(rows[i, -1]), noted))
             self.count += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -100,13 +113,29 @@ def _baseline(totals: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.nd
 
 
 def period(steps: list[int]) -> int | None:
-    """The gap that most gaps between ``steps`` share (within one step), when three quarters do."""
-    gaps = np.diff(steps)
-    if len(gaps) < MIN_PERIODIC - 1:
+    """The gap most gaps between ``steps`` share (within one step), when three quarters of the stalls lie
+    on its beat, one gap apart: a slow step the machine caused between two periodic stalls splits a gap
+    but leaves the beat."""
+    if len(steps) < MIN_PERIODIC:
         return None
-    common, _ = Counter(gaps.tolist()).most_common(1)[0]
-    close = int(np.sum(np.abs(gaps - common) <= 1))
-    return int(common) if common >= 2 and close >= 0.75 * len(gaps) else None
+    common, _ = Counter(np.diff(steps).tolist()).most_common(1)[0]
+    if common < 2:
+        return None
+    phases = np.asarray(steps) % common
+    beat = Counter(phases.tolist()).most_common(1)[0][0]
+    off = np.abs((phases - beat + 1) % common - 1)  # distance to the beat, wrapping round the period
+    on = np.asarray(steps)[off <= 1]
+    gaps = np.diff(on)
+    regular = int(np.sum(np.abs(gaps - common) <= 1))
+    enough = len(on) >= MIN_PERIODIC and len(on) >= 0.75 * len(steps)
+    return int(common) if enough and regular >= 0.75 * len(gaps) else None
+
+
+def isolated(stalls: list[Stall]) -> list[Stall]:
+    """The stalls whose neighbouring steps did not stall: a run of slow steps is the machine slowing
+    down for a while (another process taking the cores), not something the loop does."""
+    steps = {s.step for s in stalls}
+    return [s for s in stalls if s.step - 1 not in steps and s.step + 1 not in steps]
 
 
 def step_stalls(
@@ -115,7 +144,7 @@ def step_stalls(
     """The finding when the stalls among the recent ``steps`` are periodic or take much of the time."""
     if not len(steps):
         return None
-    recent = [s for s in stalls if s.step >= steps[0]]
+    recent = isolated([s for s in stalls if s.step >= steps[0]])
     if len(recent) < min(MIN_PERIODIC, MIN_STALLS):
         return None
     total_time = float(rows[:, :STEP_PHASES].sum())
@@ -158,11 +187,14 @@ def _who(recent: list[Stall], phase: int, every: int | None, epoch_length: int |
     n = len(recent)
     with_gc = sum(1 for s in recent if s.gc_seconds >= 0.5 * (s.seconds - s.usual))
     noted = Counter(name for s in recent for name in set(s.notes))
-    if noted:
-        name, count = noted.most_common(1)[0]
+    said = Counter({name: k for name, k in noted.items() if not name.startswith(CALLBACK)}) or noted
+    if said:  # what the loop said it ran comes before the callback that ran it
+        name, count = said.most_common(1)[0]
+        if name.startswith(CALLBACK):
+            return _slow_callback(name.removeprefix(CALLBACK), count, n)
         return (
             f"A {name} ran in {count} of the {n} stalls. ",
-            f"The usual fix: {name} less often, or in the background (torch.distributed.checkpoint."
+            f"The usual fix: run the {name} less often, or in the background (torch.distributed.checkpoint."
             "async_save for checkpoints), or to a faster disk.",
         )
     if with_gc >= n / 2:
@@ -190,6 +222,14 @@ def _who(recent: list[Stall], phase: int, every: int | None, epoch_length: int |
         "Nothing the doctor sees was running then. ",
         "The usual causes: another process on the machine, swapping, a slow disk under the loader, or "
         "an occasional slow batch (a big file, a retry); profile a slow step with torch.profiler.",
+    )
+
+
+def _slow_callback(label: str, count: int, n: int) -> tuple[str, str]:
+    return (
+        f"The callback event {label} took most of the extra time in {count} of the {n} stalls. ",
+        f"The usual fix: make {label} cheaper or run it every few steps (a tracker that reads the "
+        "device, writes to disk or draws a figure at each call), or move its work to the end of the epoch.",
     )
 
 

@@ -1,0 +1,44 @@
+"""Which callback event of a step took the longest: what ``step_stalls`` names as running in a stall.
+
+A loop that dispatches events to callbacks (the Learner's dispatch table, through a callback's
+``wrap_method``) wraps each event method with :meth:`CallbackTime.wrap`: two ``time.perf_counter`` calls
+and a comparison per call, host time only (work a callback queues on a GPU counts where it is waited
+for). :meth:`CallbackTime.take` hands over the slowest call since the last take, at the end of each step.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class CallbackTime:
+    """The slowest wrapped call since the last :meth:`take`: its label and seconds."""
+
+    def __init__(self) -> None:
+        self.label: str | None = None
+        self.seconds = 0.0
+
+    def wrap(self, label: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` timed under ``label`` (``"Checkpoint.after_epoch"``)."""
+        clock = time.perf_counter
+
+        @functools.wraps(method)
+        def timed(*args: Any) -> Any:
+            start = clock()
+            try:
+                return method(*args)
+            finally:
+                seconds = clock() - start
+                if seconds > self.seconds:
+                    self.label, self.seconds = label, seconds
+
+        return timed
+
+    def take(self) -> tuple[str, float] | None:
+        """The slowest call since the last take (None: no call), and start again."""
+        label, seconds = self.label, self.seconds
+        self.label, self.seconds = None, 0.0
+        return None if label is None else (label, seconds)
