@@ -2,8 +2,11 @@
 backward time, with its share and the fix for its type; the profiler and the hooks are gone afterwards; a
 run that did not ask is never profiled."""
 
+from itertools import pairwise
+
 import pytest
 import torch
+from faults import kinds, train_with_doctor
 from timing_loops import Feed, in_memory, train
 from torch import nn
 
@@ -80,3 +83,15 @@ def test_shares_name_the_fewest_modules_that_cover_half_the_time():
 def test_a_bad_window_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"steps=0; profile at least one step \(steps >= 1\)"):
         TimingRecorder().profile_layers(0)
+
+
+def test_doctor_profile_true_names_the_widest_layer_in_the_learner():
+    torch.manual_seed(0)
+    widths = [64, 16, 512, 512, 10]  # layer `4` (512 x 512) makes most of the multiplications
+    layers = [m for a, b in pairwise(widths) for m in (nn.Linear(a, b), nn.ReLU())]
+    model = nn.Sequential(*layers[:-1])
+    learn = train_with_doctor(model, steps=20, profile=True)
+    (finding,) = kinds(learn)["slow_layers"]
+    assert finding.module == "4" and finding.evidence["steps"] == [10, 11, 12, 13, 14]
+    assert "`4` (Linear)" in finding.message and "torch.autocast" in finding.message
+    assert "slow_layers" not in kinds(train_with_doctor(model, steps=20))  # not asked: not profiled
