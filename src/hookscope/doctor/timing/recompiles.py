@@ -32,7 +32,7 @@ from hookscope import compat
 from hookscope.doctor.findings import Finding
 
 MIN_RECOMPILES = 2
-KEPT = 256  # recompilations kept one by one (the count goes on)
+KEPT = 256  # recompilations kept, the latest
 PACKAGE = str(Path(__file__).resolve().parents[2])  # hookscope's own frames are not the user's to fix
 TORCH = str(Path(torch.__file__).resolve().parent)  # torch's own functions (Sequential.forward): not named
 EXPECTED = re.compile(r"grad_mode|\.training\b")  # validation's eval / no_grad variant: compiled once
@@ -86,22 +86,26 @@ class RecompileWatch:
             self._stop = compat.on_compile_end(self._compiled)
 
     def stop(self) -> None:
+        """Stop listening, after joining what was heard."""
         if self._stop is not None:
+            self.take()
             self._stop()
             self._stop = None
 
     def take(self) -> None:
         """Join the recompilations heard since the last call with dynamo's records of them; add the
-        frames that reached the recompile limit since (dynamo gives up before its callbacks run)."""
+        frames that reached the recompile limit since (dynamo gives up before its callbacks run: such a
+        frame is named at the step of the check that finds it)."""
         if self._stop is None and not self._pending:
             return
         records = {str(r.compile_id): r for r in compat.compile_records() if r.is_forward is not False}
+        files = {_frame(i): r.co_filename for i, r in records.items() if r.co_filename}
         for step, compile_id in self._pending:
-            self._add(_recompile(step, compile_id, records.get(compile_id)))
+            self._add(_recompile(step, compile_id, records.get(compile_id), files))
         self._pending = []
         for compile_id, record in records.items():
             if compile_id not in self._known and _gave_up(record):
-                self._add(_recompile(self._step(), compile_id, record))
+                self._add(_recompile(self._step(), compile_id, record, files))
         self._known.update(records)
 
     def _add(self, found: Recompile | None) -> None:
@@ -170,12 +174,14 @@ def recompiles(found: list[Recompile], warmup: int, min_recompiles: int = MIN_RE
     return Finding("recompiles", "", clear, severity, message, evidence)
 
 
-def _recompile(step: int, compile_id: str, record: Any) -> Recompile | None:
-    """The recompilation, or None when it is the expected validation variant or hookscope's own frame."""
+def _recompile(step: int, compile_id: str, record: Any, files: dict[str, str]) -> Recompile | None:
+    """The recompilation, or None when it is the expected validation variant or hookscope's own frame.
+    ``files``: each frame's file, from its other records (the one of a frame given up names none)."""
     if record is None:
         return Recompile(step, compile_id)
     reason = _strip_id(record.recompile_reason or "")
-    if EXPECTED.search(_first_line(reason)) or str(record.co_filename or "").startswith(PACKAGE):
+    filename = str(record.co_filename or files.get(_frame(compile_id), ""))
+    if EXPECTED.search(_first_line(reason)) or filename.startswith(PACKAGE):
         return None
     function = f"{record.co_name} ({record.co_filename}:{record.co_firstlineno})"
     if not record.co_name or str(record.co_filename).startswith(TORCH):
@@ -194,6 +200,11 @@ def _kind(reason: str) -> str:
     if "mismatch" in line:
         return "dtype"
     return "value" if VALUE.search(line) else "other"
+
+
+def _frame(compile_id: str) -> str:
+    """The frame part of ``compile_id`` ("frame/n" -> "frame")."""
+    return compile_id.rsplit("/", 1)[0]
 
 
 def _nth(compile_id: str) -> int:
