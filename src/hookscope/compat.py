@@ -143,8 +143,9 @@ def uncompiled(model: Any) -> Any:
 
 def on_compile_end(callback: Callable[[str], None]) -> Callable[[], None]:
     """Call ``callback(compile_id)`` after each compilation of a Python frame by dynamo (not the deferred
-    backward graphs); returns the function that unregisters it. ``compile_id`` reads ``"frame/n"``: the
-    ``n``-th compilation of that frame, 0 the first.
+    backward graphs); returns the function that unregisters it (a no-op once ``torch.compiler.reset()``
+    cleared them all). ``compile_id`` reads ``"frame/n"``: the ``n``-th compilation of that frame, 0 the
+    first.
 
     torch has no public hook for "a compilation happened"; ``torch._dynamo.callback.callback_handler`` is
     the registry dynamo runs at the start and end of each compilation. Checked on 2.14.1 (since 2.5).
@@ -155,8 +156,12 @@ def on_compile_end(callback: Callable[[str], None]) -> Callable[[], None]:
         if args.callback_trigger is CallbackTrigger.DYNAMO:
             callback(str(args.compile_id))
 
+    def remove() -> None:
+        if ended in callback_handler.end_callbacks:  # torch.compiler.reset() clears the registry
+            callback_handler.remove_end_callback(ended)
+
     callback_handler.register_end_callback(ended)
-    return lambda: callback_handler.remove_end_callback(ended)
+    return remove
 
 
 def compile_records() -> list[Any]:

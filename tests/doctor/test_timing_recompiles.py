@@ -124,3 +124,6 @@ def test_compat_hears_each_compilation_and_keeps_the_failed_guard():
     records = {str(r.compile_id): r for r in compat.compile_records() if r.is_forward}
     assert records[heard[1]].recompile_reason.endswith("size mismatch at index 0. expected 4, actual 3")
     assert records[heard[0]].recompile_reason is None
+    listening = compat.on_compile_end(heard.append)
+    torch.compiler.reset()  # clears every listener: unregistering afterwards is a no-op
+    listening()
