@@ -1,5 +1,6 @@
 """torch.compile parity: a compiled model gets the eager model's diagnosis — same kind, module name and
-step — in the Learner and under hs.watch across the fault catalogue (``test_catalogue_loops``), and
+step — in the Learner and under hs.watch across the fault catalogue (``test_catalogue_loops``), the same
+activation and gradient statistics under the same names, and
 hookscope's hooks make no recompilation after the warm-up, the model's own graph keeping at most two
 variants (measured with the ``recompiles`` detector's compile listener).
 
@@ -58,6 +59,33 @@ def test_a_compiled_model_gets_the_eager_diagnosis(loop, fault, tmp_path):
     eager = [(f.kind, f.module, f.step) for f in findings_in(loop, case, tmp_path)]
     assert (case.expected is None) or case.expected[:1] in {k[:1] for k in eager}
     assert [(f.kind, f.module, f.step) for f in findings_in(loop, compiled(case), tmp_path)] == eager
+
+
+def statistics(compiled):
+    torch.manual_seed(0)
+    model = dead_mlp()
+    stats = [hs.callbacks.ActivationStats(), hs.callbacks.GradientStats()]
+    learn = hs.Learner(
+        torch.compile(model, backend="eager") if compiled else model,
+        digits_flat(),
+        torch.nn.CrossEntropyLoss(),
+        cbs=stats,
+        progress=False,
+    )
+    learn.fit(1)
+    return [{name: [(r.step, r.stats.mean) for r in rs] for name, rs in s.history.items()} for s in stats]
+
+
+def test_statistics_of_a_compiled_model_are_the_eager_ones_under_the_same_names():
+    eager = statistics(compiled=False)
+    compiled = statistics(compiled=True)
+    assert set(eager[0]) == set(compiled[0]) == {"0", "2", "4"}  # no `_orig_mod.` prefix
+    for eager_history, compiled_history in zip(eager, compiled, strict=True):
+        assert set(compiled_history) == set(eager_history)
+        for name, records in eager_history.items():
+            steps, means = zip(*records, strict=True)
+            assert [r[0] for r in compiled_history[name]] == list(steps)
+            assert [r[1] for r in compiled_history[name]] == pytest.approx(means, rel=1e-5, abs=1e-7)
 
 
 def test_hookscope_makes_no_recompilation_after_warm_up():
