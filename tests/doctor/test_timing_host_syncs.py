@@ -89,7 +89,7 @@ def test_other_warnings_still_reach_the_user_during_a_sampled_step():
     assert sum(sampler.samples[0].values()) == 0
 
 
-def test_hookscope_own_syncs_are_left_out_and_torch_frames_skipped():
+def test_hookscope_and_the_grad_scalers_syncs_are_left_out_and_torch_frames_skipped():
     sampler, _ = twin()
     user = traceback.FrameSummary("/home/me/train.py", 42, "main")
     inside_torch = traceback.FrameSummary(f"{hs_syncs.TORCH}/_tensor.py", 10, "item")
@@ -97,6 +97,8 @@ def test_hookscope_own_syncs_are_left_out_and_torch_frames_skipped():
     sampler.begin(0)
     sampler.record([user, inside_torch])  # the user's .item(), inside torch
     sampler.record([user, doctor, inside_torch])  # the doctor's bulk read, called from the user's step
+    scaler = traceback.FrameSummary(hs_syncs.GRAD_SCALER, 450, "_maybe_opt_step")
+    sampler.record([user, scaler, inside_torch])  # scaler.step(opt): fp16 training's one read a step
     sampler.end()
     assert dict(sampler.samples[0]) == {("/home/me/train.py", 42): 1}
 

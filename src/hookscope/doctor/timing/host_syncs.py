@@ -6,7 +6,8 @@
 warning at each synchronizing call) for :data:`SAMPLES` training steps, one every :data:`EVERY` after the
 warm-up, and off again at each one's end: nothing stays on between them. Each warning is caught with the
 Python stack that made it and named by the innermost frame outside torch: the user's file and line. A
-sync that hookscope makes (the doctor reads its statistics in bulk, by design) is not counted.
+sync that hookscope makes (the doctor reads its statistics in bulk, by design) is not counted, nor the
+grad scaler's read of whether the gradients were finite (``GradScaler.step``: fp16 training needs it).
 
 :func:`host_syncs` reports when the sampled steps synchronise :data:`MIN_PER_STEP` times or more each.
 """
@@ -29,9 +30,10 @@ SYNC_WARNING = "called a synchronizing CUDA operation"  # the text of torch's wa
 SAMPLES = 3
 EVERY = 20  # steps between two sampled steps
 MIN_PER_STEP = 1.0
-TORCH = str(Path(torch.__file__).resolve().parent)
-HOOKSCOPE = str(Path(__file__).resolve().parents[2])
-WARNINGS = str(Path(warnings.__file__).resolve())
+TORCH = str(Path(torch.__file__).parent)
+HOOKSCOPE = str(Path(__file__).parents[2])
+WARNINGS = str(Path(warnings.__file__))
+GRAD_SCALER = str(Path(TORCH, "amp", "grad_scaler.py"))  # reads found_inf once a step, by design
 
 Site = tuple[str, int]  # (file, line)
 
@@ -80,8 +82,9 @@ class SyncSampler:
         catcher.__exit__(None, None, None)
 
     def record(self, stack: list[traceback.FrameSummary]) -> None:
-        """One sync made by ``stack`` (outermost frame first) in the open step; hookscope's are left out."""
-        if self._open is None:
+        """One sync made by ``stack`` (outermost frame first) in the open step. Left out: hookscope's own,
+        and the grad scaler's check of its gradients (the price of fp16 training, once a step)."""
+        if self._open is None or any(f.filename == GRAD_SCALER for f in stack):
             return
         frame = _caller(stack)
         if frame is not None and not frame.filename.startswith(HOOKSCOPE):

@@ -33,8 +33,8 @@ from hookscope.doctor.findings import Finding
 
 MIN_RECOMPILES = 2
 KEPT = 256  # recompilations kept, the latest
-PACKAGE = str(Path(__file__).resolve().parents[2])  # hookscope's own frames are not the user's to fix
-TORCH = str(Path(torch.__file__).resolve().parent)  # torch's own functions (Sequential.forward): not named
+PACKAGE = str(Path(__file__).parents[2])  # hookscope's own frames are not the user's to fix
+TORCH = str(Path(torch.__file__).parent)  # torch's own functions (Sequential.forward): not named
 EXPECTED = re.compile(r"grad_mode|\.training\b")  # validation's eval / no_grad variant: compiled once
 
 SHAPE = re.compile(r"size mismatch|stride mismatch|dimensionality|rank|dim\(\)|ndim")
