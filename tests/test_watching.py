@@ -244,8 +244,9 @@ def test_watching_a_watched_model_is_an_error_until_the_first_closes():
     with hs.watch(model) as first:
         with pytest.raises(RuntimeError, match="already watched by an open Watch; close that one first"):
             hs.watch(model)
-        # the first watch's: the layer's, the step marker's and the protocol checks' (graphs kept alive)
-        assert len(model._forward_hooks) == 1 + 1 + 1
+        # the first watch's: the layer's, the step marker's, the protocol checks' (graphs kept alive) and
+        # the timing's (the forward ends)
+        assert len(model._forward_hooks) == 1 + 1 + 1 + 1
     first.close()
     with hs.watch(model, doctor=False, stats=False, guard=True):
         pass

@@ -98,7 +98,7 @@ class _HooksAtForward(hs.Callback):
         self.train, self.valid, self.root = {}, [], set()
 
     def after_pred(self):
-        layers = list(self.learn.model.modules())[1:]  # the model itself holds the protocol's hook
+        layers = list(self.learn.model.modules())[1:]  # the model itself holds the protocol's and timing's
         count = sum(len(m._forward_hooks) for m in layers)
         if self.learn.training:
             self.train[self.learn.training_step] = count
@@ -119,7 +119,7 @@ def test_between_recorded_steps_the_model_runs_without_the_doctors_hooks():
     assert recorded == [*range(10), 50]
     assert [step for step, count in seen.train.items() if count] == recorded
     assert len(seen.valid) == 3 * 6 and all(seen.valid)  # every validation phase is recorded
-    assert seen.root == {1}  # the loop-protocol checks' forward hook, at every step by design
+    assert seen.root == {2}  # the loop-protocol checks' and the timing's forward hooks, at every step
     assert sum(len(m._forward_hooks) for m in learn.model.modules()) == 0
 
 

@@ -245,3 +245,37 @@ def test_lightning_names_a_periodic_stall():
     callback = HookscopeCallback(quiet=True)
     lightning_fit(in_memory(), [Stalls(), callback], 110)
     assert_periodic(kinds(callback.findings)["step_stalls"], [25, 50, 75, 100])
+
+
+def test_timing_the_callbacks_keeps_the_training_loop_readable(capsys):
+    learner(in_memory(), SlowEvery(25, 0.3)).show_training_loop()
+    lines = capsys.readouterr().out.splitlines()
+    after_batch = next(line for line in lines if line.strip().startswith("after_batch"))
+    assert "SlowEvery" in after_batch and "Doctor" in after_batch
+
+
+def test_the_callbacks_are_timed_under_callback_costs_timer_too():
+    cost = hs.callbacks.CallbackCost()
+    learn = learner(in_memory(), cost, SlowEvery(25, 0.3))
+    learn.fit(7)
+    assert "SlowEvery.after_batch took most" in kinds(learn.doctor.findings)["step_stalls"].message
+    assert cost.costs["slow_every"]["after_batch"]["calls"] == 112
+
+
+class StepsRead(Callback):
+    """After the Doctor's ``after_batch``: how many steps' times had reached the host by then."""
+
+    order = 20
+
+    def __init__(self):
+        self.seen = []
+
+    def after_batch(self):
+        if self.learn.training:
+            self.seen.append(self.learn.doctor.timing.steps_read)
+
+
+def test_the_times_are_read_at_the_doctors_checks_only():
+    seen = StepsRead()
+    learner(in_memory(), seen).fit(2)  # 32 steps, a check every 10
+    assert seen.seen == [0] * 9 + [10] * 10 + [20] * 10 + [30] * 3

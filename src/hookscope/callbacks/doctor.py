@@ -30,6 +30,7 @@ Doctor attached, as a quick check before a long run.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +63,9 @@ class Doctor(Callback):
     frozen or never-updated parameters, update ratios, loss divergence, oscillation and plateaus,
     overfitting and NaN/Inf (with the blamed module and op); and the mistakes of the loop around the
     model: stale gradients, training in eval mode (or evaluating in train mode), the same batch every
-    step, unshuffled data, graphs kept alive and a collapsing learning-rate schedule.
+    step, unshuffled data, graphs kept alive and a collapsing learning-rate schedule; and where the time
+    goes: steps waiting for data, stalls (naming the callback, checkpoint save or collector that ran in
+    them) and memory that grows (``timing`` holds the breakdown, see docs/performance.md).
 
     ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
     statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's
@@ -243,7 +246,7 @@ class Doctor(Callback):
 
     def wrap_method(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
         """Another callback's handler of ``event``, timed: a stalled step names the slowest one in it."""
-        owner = getattr(method, "__self__", None)
+        owner = getattr(inspect.unwrap(method), "__self__", None)  # under another wrapper (CallbackCost)
         if owner is self or not isinstance(owner, Callback):
             return method
         return self.timing.callback_time.wrap(f"{type(owner).__name__}.{event}", method)

@@ -290,7 +290,8 @@ class Engine:
 
     def note(self, event: str) -> None:
         """Something named ``event`` (``"checkpoint save"``) runs now: a stall of this step names it."""
-        self.timing.note(event)
+        if self.diagnose_enabled:
+            self.timing.note(event)
 
     def report_nonfinite(self, report: NonFiniteReport, step: int, reason: str | None) -> list[Finding]:
         """The guard stopped at ``step``: its blame becomes a finding."""

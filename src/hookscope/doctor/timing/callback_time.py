@@ -35,6 +35,8 @@ class CallbackTime:
                 if seconds > self.seconds:
                     self.label, self.seconds = label, seconds
 
+        # the dispatch table's readers (``show_training_loop``) name a method's callback by ``__self__``
+        timed.__self__ = getattr(method, "__self__", None)  # type: ignore[attr-defined]
         return timed
 
     def take(self) -> tuple[str, float] | None:

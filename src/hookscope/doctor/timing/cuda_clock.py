@@ -16,7 +16,10 @@ from collections import deque
 import numpy as np
 import torch
 
-from hookscope.doctor.timing.phases import COLUMNS
+from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT
+
+# a closed step: its number, the collector's and the wait's seconds, its first event and its marks
+_Pending = tuple[int, tuple[float, float], torch.cuda.Event, list[tuple[int, torch.cuda.Event]]]
 
 
 class EventPool:
@@ -46,20 +49,19 @@ class CudaClock:
         self._start = self._record()  # the end of the previous step: the first event of the next one
         self._marks: list[tuple[int, torch.cuda.Event]] = []
         self._ready: list[tuple[int, np.ndarray]] = []  # read early to keep the pending steps bounded
-        self._pending: deque[tuple[int, float, torch.cuda.Event, list[tuple[int, torch.cuda.Event]]]] = (
-            deque()
-        )
+        self._pending: deque[_Pending] = deque()
 
     def mark(self, ended: int) -> None:
         """Phase ``ended`` ends when the device reaches this point of the stream."""
         self._marks.append((ended, self._record()))
 
-    def close(self, step: int, gc_seconds: float) -> None:
-        """The step ``step`` ended: its events wait for :meth:`take`; its last one starts the next step."""
+    def close(self, step: int, gc_seconds: float, wait_seconds: float = 0.0) -> None:
+        """The step ``step`` ended: its events wait for :meth:`take`; its last one starts the next step.
+        The collector's seconds and the thread's wait for a core in it go into its row."""
         if not self._marks:
             return
         marks, self._marks = self._marks, []
-        self._pending.append((step, gc_seconds, self._start, marks))
+        self._pending.append((step, (gc_seconds, wait_seconds), self._start, marks))
         self._start = marks[-1][1]
         while len(self._pending) > self.max_pending:
             self._pending[0][3][-1][1].synchronize()  # bounded: wait for the oldest rather than pile up
@@ -82,13 +84,13 @@ class CudaClock:
         self._start = self._record()  # the old start may still end a pending step: it is not reused
 
     def _read_one(self) -> tuple[int, np.ndarray]:
-        step, gc_seconds, start, marks = self._pending.popleft()
+        step, host, start, marks = self._pending.popleft()
         row = np.zeros(len(COLUMNS))
         previous = start
         for phase, event in marks:
             row[phase] += previous.elapsed_time(event) / 1e3
             previous = event
-        row[-1] = gc_seconds
+        row[GC], row[WAIT] = host
         # the step's last event is the next step's start: it goes back once that step is read
         self.pool.put([start, *(event for _, event in marks[:-1])])
         return step, row

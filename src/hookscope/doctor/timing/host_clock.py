@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from hookscope.doctor.timing.phases import COLUMNS
+from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT
 
 
 class HostClock:
@@ -28,13 +28,14 @@ class HostClock:
         self._row[ended] += now - self._last
         self._last, self._marked = now, True
 
-    def close(self, step: int, gc_seconds: float) -> None:
-        """The step ``step`` ended (its last phase was marked just before; nothing marked: no step)."""
+    def close(self, step: int, gc_seconds: float, wait_seconds: float = 0.0) -> None:
+        """The step ``step`` ended (its last phase was marked just before; nothing marked: no step), with
+        the collector's seconds and the thread's wait for a core in it."""
         if not self._marked:
             return
         self._marked = False
         row, self._row = np.array(self._row), [0.0] * len(COLUMNS)
-        row[-1] = gc_seconds
+        row[GC], row[WAIT] = gc_seconds, wait_seconds
         self._done.append((step, row))
 
     def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:

@@ -3,11 +3,14 @@
 On CUDA: ``torch.cuda.memory_allocated`` (a host-side counter of the caching allocator, no
 synchronisation) against the device's total memory. On the CPU: the process's resident memory, from
 ``/proc/self/statm`` on Linux (one read of an open file) or ``psutil`` where it is installed, against the
-machine's physical memory.
+machine's physical memory — less, with glibc, the memory ``malloc`` holds free (``mallinfo2``, about a
+microsecond): a long-lived process keeps freed memory resident and refills it first, so a leak would
+not move the resident size until that memory is used up; in use, it grows from the first step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 
@@ -26,9 +29,9 @@ class MemoryProbe:
             self.read = lambda: torch.cuda.memory_allocated(device)
             self.total = torch.cuda.get_device_properties(device).total_memory
             return
-        self.what, self.where = "the process's resident memory", "the machine's"
+        self.what, self.where = "the process's resident memory in use", "the machine's"
         self.total = _physical_memory()
-        self.read = _resident_reader()
+        self.read = _in_use(_resident_reader())
 
     def close(self) -> None:
         """Release the open file of the resident-memory reader."""
@@ -63,6 +66,40 @@ def _resident_reader() -> Callable[[], int]:
         return lambda: 0  # no cheap way to read it here: memory_growth stays silent
     process = psutil.Process()
     return lambda: process.memory_info().rss
+
+
+_MALLINFO2 = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2``: ``fordblks`` is the bytes free in malloc's arenas."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_MALLINFO2, "keepcost")]
+
+
+class _InUse:
+    """The resident size less the bytes glibc's ``malloc`` holds free (its arenas' free chunks)."""
+
+    def __init__(self, resident: Callable[[], int], mallinfo2: Callable[[], _MallInfo2]) -> None:
+        self.resident, self.mallinfo2 = resident, mallinfo2
+
+    def __call__(self) -> int:
+        return self.resident() - int(self.mallinfo2().fordblks)
+
+    def close(self) -> None:
+        close = getattr(self.resident, "close", None)
+        if close is not None:
+            close()
+
+
+def _in_use(resident: Callable[[], int]) -> Callable[[], int]:
+    """``resident`` less malloc's free memory where glibc tells it (2.33 and later), else ``resident``."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return resident
+    mallinfo2.restype, mallinfo2.argtypes = _MallInfo2, []
+    return _InUse(resident, mallinfo2)
 
 
 def _physical_memory() -> int:

@@ -15,13 +15,14 @@ belongs to exactly one phase, so the phases add up to the step's time:
 - ``other``: ``step_done`` to the end of the step (the Learner's ``after_step`` and ``after_batch``
   callbacks, schedulers).
 
-``valid`` (validation between steps) is timed but belongs to no step, and ``gc`` is the garbage
-collector's time inside the step (host time, also part of the phases above).
+``valid`` (validation between steps) is timed but belongs to no step; ``gc`` is the garbage collector's
+time inside the step and ``wait`` the time the training thread waited for a core (a busy machine), both
+host time and also part of the phases above.
 """
 
 from __future__ import annotations
 
-DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER, VALID, GC = range(7)
+DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER, VALID, GC, WAIT = range(8)
 PHASES = ("data", "forward", "backward", "optimizer", "other")
-COLUMNS = (*PHASES, "valid", "gc")
+COLUMNS = (*PHASES, "valid", "gc", "wait")
 STEP_PHASES = len(PHASES)  # the first columns, whose sum is the step's time

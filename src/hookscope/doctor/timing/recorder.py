@@ -30,6 +30,7 @@ from torch import nn
 
 from hookscope.doctor.findings import Finding
 from hookscope.doctor.timing.callback_time import CallbackTime
+from hookscope.doctor.timing.cpu_wait import CpuWait
 from hookscope.doctor.timing.cuda_clock import CudaClock
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.history import Blocks, Ring
@@ -97,6 +98,7 @@ class TimingRecorder:
         self._closed = False
         self._clock: HostClock | CudaClock = HostClock()
         self._gc = GcTime()
+        self._wait = CpuWait()
         self._hooks = HookSet()
         self._phase = DATA
         self._step = 0
@@ -129,6 +131,7 @@ class TimingRecorder:
         self.recompiles.start()
         self.host_syncs.active = self.device.type == "cuda"
         self.slow_layers.attach(model, self.device.type == "cuda")
+        self._wait.take()
         self._phase, self._closed = DATA, False
 
     def watch_loader(self, loader: Any) -> None:
@@ -185,7 +188,7 @@ class TimingRecorder:
         self._switch(DATA)
         self.host_syncs.end()
         self.slow_layers.end_batch()
-        self._clock.close(self._step, self._gc.take())
+        self._clock.close(self._step, self._gc.take(), self._wait.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
         slowest = self.callback_time.take()
@@ -207,6 +210,7 @@ class TimingRecorder:
         if self._phase == DATA:
             self._clock.restart()
             self._gc.take()
+            self._wait.take()
 
     def close(self) -> None:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
@@ -215,6 +219,7 @@ class TimingRecorder:
         self.recompiles.stop()
         self.host_syncs.end()
         self.slow_layers.close()
+        self._wait.close()
         self._closed = True
         self.flush(wait=True)
         if self.memory is not None:
@@ -226,6 +231,7 @@ class TimingRecorder:
         self.recompiles.stop()
         self.host_syncs.end()
         self.slow_layers.close()
+        self._wait.close()
         if self.memory is not None:
             self.memory.close()
 

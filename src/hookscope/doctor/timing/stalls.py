@@ -1,9 +1,10 @@
 """``step_stalls``: single steps far slower than the others, periodic or not, and who was running.
 
-:class:`StallDetector` looks at every step once, as its row is read: a step is a stall when its time is
-above the recent steps' median by more than :data:`MADS` robust deviations (1.4826 x the median absolute
-deviation), at least :data:`FACTOR` times the median and at least :data:`MIN_EXCESS` longer (the
-baseline is computed again every :data:`REBASE` steps). Each stall
+:class:`StallDetector` looks at every step once, as its row is read: a step is a stall when its time of
+its own — its time less the time the training thread waited for a core (:mod:`~.cpu_wait`: another
+process had it) — is above the recent steps' median by more than :data:`MADS` robust deviations (1.4826
+x the median absolute deviation), at least :data:`FACTOR` times the median and at least
+:data:`MIN_EXCESS` longer (the baseline is computed again every :data:`REBASE` steps). Each stall
 keeps what was running: the phase where its extra time went, the garbage collector's seconds in it
 (``gc.callbacks``), the events the loop noted in it (``note("checkpoint save")``) and the callback event
 that took half its extra time or more (``callback Logger.after_batch``).
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hookscope.doctor.findings import Finding
-from hookscope.doctor.timing.phases import DATA, PHASES, STEP_PHASES
+from hookscope.doctor.timing.phases import DATA, GC, PHASES, STEP_PHASES, WAIT
 
 MADS = 6.0
 FACTOR = 2.0
@@ -74,12 +75,13 @@ class StallDetector:
         if len(steps) < MIN_BASELINE or new == 0:
             return
         totals = rows[:, :STEP_PHASES].sum(axis=1)
+        own = np.maximum(totals - rows[:, WAIT], 0.0)  # less the time the machine kept the cores
         if self._baseline is None or self._judged >= REBASE:
-            self._baseline, self._judged = _baseline(totals, rows), 0
+            self._baseline, self._judged = _baseline(totals, own, rows), 0
         usual, limit, typical = self._baseline
         self._judged += new
         for i in range(len(steps) - new, len(steps)):
-            if totals[i] <= limit:
+            if own[i] <= limit:
                 continue
             step = int(steps[i])
             phase = int(np.argmax(rows[i, :STEP_PHASES] - typical))
@@ -87,7 +89,7 @@ class StallDetector:
             callback = (slowest or {}).get(step)
             if callback is not None and callback[1] >= 0.5 * (totals[i] - usual):
                 noted = (*noted, f"{CALLBACK}{callback[0]}")
-            self.stalls.append(Stall(step, float(totals[i]), usual, phase, float(rows[i, -1]), noted))
+            self.stalls.append(Stall(step, float(totals[i]), usual, phase, float(rows[i, GC]), noted))
             self.count += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -104,12 +106,13 @@ class StallDetector:
         )
 
 
-def _baseline(totals: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """The usual step time, the time above which a step stalled, and each phase's usual time."""
-    usual = float(np.median(totals))
-    spread = 1.4826 * float(np.median(np.abs(totals - usual)))
-    limit = max(usual + MADS * spread, FACTOR * usual, usual + MIN_EXCESS)
-    return usual, limit, np.median(rows[:, :STEP_PHASES], axis=0)
+def _baseline(totals: np.ndarray, own: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The usual step time, the time of its own (less the wait for a core) above which a step stalled,
+    and each phase's usual time."""
+    mine = float(np.median(own))
+    spread = 1.4826 * float(np.median(np.abs(own - mine)))
+    limit = max(mine + MADS * spread, FACTOR * mine, mine + MIN_EXCESS)
+    return float(np.median(totals)), limit, np.median(rows[:, :STEP_PHASES], axis=0)
 
 
 def period(steps: list[int]) -> int | None:
