@@ -15,9 +15,12 @@ from types import ModuleType
 from typing import Any
 
 
-def benchmark_args(description: str) -> argparse.Namespace:
-    """The common command line: ``--quick`` for a smoke run, ``--rounds N``, ``--clock wall|cpu``."""
+def benchmark_args(description: str, flags: dict[str, str] | None = None) -> argparse.Namespace:
+    """The common command line: ``--quick`` for a smoke run, ``--rounds N``, ``--clock wall|cpu``; and a
+    benchmark's own on/off ``flags`` (``{"--compile": "help"}``)."""
     parser = argparse.ArgumentParser(description=description)
+    for flag, text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant; the median is reported")
     parser.add_argument(

@@ -17,8 +17,13 @@ A third table times one check of the engine (the rules every ``check_every`` = 1
 run: an engine holding a synthetic loss history of 1,000 / 10,000 / 100,000 steps, fed 10 new losses per
 check, as in training, over 200 checks (enough to include the stall rule's runs, every 64th of the run).
 
+``--compile``: instead, the small CNN compiled with ``torch.compile`` (inductor), bare and with
+``Doctor()``: each variant's model is compiled once, in the warm-up, and reused by every round, so no
+compilation is timed.
+
     python benchmarks/doctor_overhead.py --clock cpu   # full run (CPU time: steadier on a busy machine)
     python benchmarks/doctor_overhead.py --quick       # smoke test
+    python benchmarks/doctor_overhead.py --compile     # Doctor() on a compiled model against it alone
 """
 
 from __future__ import annotations
@@ -68,6 +73,13 @@ def resnet18() -> nn.Module:
     return build(weights=None, num_classes=10)
 
 
+def compiled(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """A builder returning one ``torch.compile``d model, the same at every call: it is compiled at its
+    first fit (the warm-up) and every timed round reuses its graphs."""
+    model = torch.compile(build())
+    return lambda: model
+
+
 def measure(
     title: str,
     variants: dict[str, Callable[[], float]],
@@ -108,11 +120,26 @@ def check_cost(lengths: tuple[int, ...], checks: int, clock: Callable[[], float]
 
 
 def main() -> None:
-    args = benchmark_args(__doc__.splitlines()[0])
+    args = benchmark_args(
+        __doc__.splitlines()[0], {"--compile": "the small CNN compiled, bare and with Doctor()"}
+    )
     cnn_steps, resnet_steps, rounds = (20, 4, 1) if args.quick else (300, 100, args.rounds)
     clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     cnn_epochs = 3 if cnn_steps % 3 == 0 else 1
+    if args.compile:
+        loaders = _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
+        bare, doctored = compiled(small_cnn), compiled(small_cnn)  # one model each: its own graphs
+        measure(
+            f"Doctor() on a compiled model: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} "
+            f"rounds, torch.compile (inductor), 1 thread, {args.clock} clock",
+            {
+                "hookscope Learner": partial(fit, bare, loaders, cnn_epochs, clock, None),
+                "+ Doctor()": partial(fit, doctored, loaders, cnn_epochs, clock, {}),
+            },
+            rounds,
+        )
+        return
     cnn = partial(fit, small_cnn, _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
     measure(
         f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, 1 thread, "

@@ -12,7 +12,7 @@ The wrappers add no behaviour: each does exactly what the private call it wraps 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,10 +25,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "MARK_DYNAMIC",
     "ORIGINAL_MODULE_ATTR",
     "SDPA_FLASH_CPU",
     "TorchDispatchMode",
     "compile_in_use",
+    "compile_records",
     "foreach_copy_",
     "foreach_norm",
     "foreach_sub_",
@@ -36,6 +38,8 @@ __all__ = [
     "is_compile_wrapper",
     "is_compiled_in_place",
     "is_compiled_module",
+    "on_compile_end",
+    "recompile_limit",
     "tensor_version",
     "uncompiled",
 ]
@@ -43,6 +47,11 @@ __all__ = [
 # Checked on 2.14.1. The attribute of torch.compile's wrapper (``OptimizedModule``) that holds the user's
 # module, since torch 2.0. Named here so that error messages can tell users about it.
 ORIGINAL_MODULE_ATTR = "_orig_mod"
+
+# Checked on 2.14.1. The function that marks a tensor's dimension as changing between calls, so that
+# torch.compile builds one graph for all its sizes (since 2.0; no public alias yet). Named here so that
+# the recompiles finding can tell users about it.
+MARK_DYNAMIC = "torch._dynamo.mark_dynamic"
 
 # Checked on 2.14.1. The flash-attention kernel that ``scaled_dot_product_attention`` picks on CPU (since
 # torch 2.2); an internal aten op that torch's own FLOP formulas do not cover, so the summary counts it.
@@ -130,6 +139,50 @@ def uncompiled(model: Any) -> Any:
     Checked on 2.14.1 (``OptimizedModule._orig_mod`` since 2.0).
     """
     return getattr(model, ORIGINAL_MODULE_ATTR, model)
+
+
+def on_compile_end(callback: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``callback(compile_id)`` after each compilation of a Python frame by dynamo (not the deferred
+    backward graphs); returns the function that unregisters it (a no-op once ``torch.compiler.reset()``
+    cleared them all). ``compile_id`` reads ``"frame/n"``: the ``n``-th compilation of that frame, 0 the
+    first.
+
+    torch has no public hook for "a compilation happened"; ``torch._dynamo.callback.callback_handler`` is
+    the registry dynamo runs at the start and end of each compilation. Checked on 2.14.1 (since 2.5).
+    """
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    def ended(args: Any) -> None:
+        if args.callback_trigger is CallbackTrigger.DYNAMO:
+            callback(str(args.compile_id))
+
+    def remove() -> None:
+        if ended in callback_handler.end_callbacks:  # torch.compiler.reset() clears the registry
+            callback_handler.remove_end_callback(ended)
+
+    callback_handler.register_end_callback(ended)
+    return remove
+
+
+def compile_records() -> list[Any]:
+    """dynamo's records of the process's last compilations (at most 64, oldest first), each with
+    ``compile_id``, ``co_name``, ``co_filename``, ``co_firstlineno``, ``is_forward``, ``fail_type``,
+    ``fail_reason`` and ``recompile_reason`` — the first guard that failed, the text that
+    ``TORCH_LOGS=recompiles`` prints. Empty when dynamo is not loaded.
+
+    ``torch._dynamo.utils.get_compilation_metrics``: the reasons are kept there whether or not logging is
+    on. Checked on 2.14.1 (``recompile_reason`` since 2.5).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.get_compilation_metrics() if utils is not None else []
+
+
+def recompile_limit() -> int:
+    """How many times dynamo compiles one frame before it runs it uncompiled for good
+    (``torch._dynamo.config.recompile_limit``, 8 by default). Checked on 2.14.1 (named so since 2.6)."""
+    from torch._dynamo import config
+
+    return int(config.recompile_limit)
 
 
 # ----------------------------------------------------------------------------------------------- tensors

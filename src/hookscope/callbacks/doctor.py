@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import compat
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.layer_stats import LayerStatistics
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler
@@ -82,6 +83,8 @@ class Doctor(Callback):
     its findings join the doctor's, and ``preflight_findings`` keeps them for the run folder.
     ``overlap=True`` runs only its ``train_valid_overlap`` check there (validation samples that are copies
     of training samples; ``preflight=True`` includes it).
+    ``profile=True`` profiles 5 training steps after the warm-up with ``torch.profiler`` and names the
+    modules that take most of the forward and backward time (``slow_layers``; nothing stays on after).
     """
 
     order = 15
@@ -100,8 +103,10 @@ class Doctor(Callback):
         max_print: int = 10,
         preflight: bool = False,
         overlap: bool = False,
+        profile: bool = False,
     ) -> None:
         self.preflight, self.overlap = preflight, overlap
+        self.profile = profile  # slow_layers: a profiled window at the first fit
         self.preflight_findings: list[Finding] | None = None
         self._started = False  # the first fit's data checks ran
         self.quiet = quiet
@@ -149,8 +154,10 @@ class Doctor(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        self.engine.attach(self.learn.model)
+        self.engine.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
         self.engine.watch_loader(self.learn.dls.train)
+        if self.profile and not self._started:
+            self.engine.timing.profile_layers()
         # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
         if not self._started and self.learn.resumed_from is None:

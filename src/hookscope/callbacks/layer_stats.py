@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hookscope import compat
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.schedule import Cadence
@@ -94,7 +95,7 @@ class _StatsCallback(Callback):
         self.recorder.flush()
 
     def before_fit(self) -> None:
-        self.recorder.attach(self.learn.model)
+        self.recorder.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
 
     def before_batch(self) -> None:
         training, step = self.learn.training, self.learn.training_step

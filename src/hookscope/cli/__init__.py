@@ -143,6 +143,13 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
         "scale, samples mixing, loss at initialisation, overfitting one batch); findings go to "
         "preflight.json and the report",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        default=None,
+        help="profile 5 training steps after the warm-up (torch.profiler) and name the layers that take "
+        "most of the forward and backward time (the doctor's slow_layers)",
+    )
     p.add_argument("--device", help="torch device, e.g. cpu or cuda (default: cuda when available)")
     p.add_argument(
         "--log",

@@ -23,6 +23,7 @@ class TrainOptions:
     seed: int = 0
     doctor: bool = True
     preflight: bool = False  # hs.preflight's checks before training
+    profile: bool = False  # the doctor's slow_layers: a profiled window of 5 steps after the warm-up
     weights: str | None = None
     image_size: int = 64
     device: str | None = None

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k, None) is not None}
     if args.no_doctor:
         given["doctor"] = False
+    if args.no_doctor and args.profile:
+        raise CommandError("--profile names slow layers through the doctor: drop --no-doctor", USAGE_ERROR)
     if args.resume_from and not args.resume:
         raise CommandError("--resume-from FILE needs --resume RUN_DIR (the run to continue)", USAGE_ERROR)
     if args.resume:
@@ -125,7 +127,7 @@ def train_callbacks(options: TrainOptions, path: str | Path, command: str = "") 
     if options.clip is not None:
         cbs.append(GradientClip(options.clip))
     if options.doctor:
-        cbs.append(Doctor())
+        cbs.append(Doctor(profile=options.profile))
     trackers = {"tensorboard": TensorBoardCallback, "wandb": WandbCallback, "mlflow": MLflowCallback}
     cbs += [trackers[name]() for name in tracker_names(options.log)]
     checkpoints = {"monitor": "valid_loss", "sigint": True}

@@ -35,6 +35,7 @@ from hookscope.doctor.timing.cuda_clock import CudaClock
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.history import Blocks, Ring
 from hookscope.doctor.timing.host_clock import HostClock
+from hookscope.doctor.timing.host_syncs import SyncSampler
 from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.memory import MemoryProbe
@@ -50,6 +51,8 @@ from hookscope.doctor.timing.phases import (
     STEP_PHASES,
     VALID,
 )
+from hookscope.doctor.timing.recompiles import RecompileWatch
+from hookscope.doctor.timing.slow_layers import STEPS, ProfileWindow
 from hookscope.doctor.timing.stalls import MIN_EXCESS, StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
@@ -104,6 +107,9 @@ class TimingRecorder:
         self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
         self._slowest: dict[int, tuple[str, float]] = {}  # per step: its slowest callback event
         self._reported: set[str] = set()
+        self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
+        self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
+        self.slow_layers = ProfileWindow(self.note)  # on request: the modules' share of the time
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -123,6 +129,9 @@ class TimingRecorder:
         self._gc.start()
         self._gc.take()
         self._wait.choose()
+        self.recompiles.start()
+        self.host_syncs.active = self.device.type == "cuda"
+        self.slow_layers.attach(model, self.device.type == "cuda")
         self._wait.take()
         self._phase, self._closed = DATA, False
 
@@ -135,6 +144,11 @@ class TimingRecorder:
             self.epoch_length = len(loader)
         except TypeError:
             self.epoch_length = None
+
+    def profile_layers(self, steps: int = STEPS) -> None:
+        """``slow_layers``: profile ``steps`` training steps once the warm-up is over (from the next step
+        when it is), then name the modules that take most of the forward and backward time."""
+        self.slow_layers.request(max(self.warmup, self._step), steps)
 
     def note(self, event: str) -> None:
         """Something named ``event`` runs now (a checkpoint save): the step whose time holds it — the
@@ -149,6 +163,8 @@ class TimingRecorder:
         self._step = step
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
+        self.host_syncs.begin(step)
+        self.slow_layers.begin_batch(step)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The loss ends the forward when the root forward's end was not seen."""
@@ -171,6 +187,8 @@ class TimingRecorder:
     def end_batch(self) -> None:
         """The training step ends: close its row; sample memory every ``memory_every`` steps."""
         self._switch(DATA)
+        self.host_syncs.end()
+        self.slow_layers.end_batch()
         self._clock.close(self._step, self._gc.take(), self._wait.take())
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
@@ -199,6 +217,9 @@ class TimingRecorder:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
         self._hooks.remove()
         self._gc.stop()
+        self.recompiles.stop()
+        self.host_syncs.end()
+        self.slow_layers.close()
         self._wait.close()
         self._closed = True
         self.flush(wait=True)
@@ -208,6 +229,9 @@ class TimingRecorder:
     def fail(self) -> None:
         self._hooks.remove()
         self._gc.stop()
+        self.recompiles.stop()
+        self.host_syncs.end()
+        self.slow_layers.close()
         self._wait.close()
         if self.memory is not None:
             self.memory.close()
@@ -253,6 +277,9 @@ class TimingRecorder:
             else None,
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
+            self.recompiles.finding(self.warmup),
+            self.host_syncs.finding(),
+            self.slow_layers.finding(),
         ]
         new = [f for f in found if f is not None and f.kind not in self._reported]
         self._reported.update(f.kind for f in new)
@@ -327,6 +354,7 @@ class TimingRecorder:
             "memory_recent": self.memory_recent.state_dict(),
             "memory_history": self.memory_history.state_dict(),
             "stalls": self.stalls.state_dict(),
+            "recompiles": self.recompiles.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -337,6 +365,7 @@ class TimingRecorder:
         self.memory_recent.load_state_dict(state["memory_recent"])
         self.memory_history.load_state_dict(state["memory_history"])
         self.stalls.load_state_dict(state["stalls"])
+        self.recompiles.load_state_dict(state["recompiles"])
         self._clock.restart()  # the time before the resume belongs to no step
         self._phase = DATA
 

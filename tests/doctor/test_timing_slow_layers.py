@@ -1,0 +1,98 @@
+"""slow_layers: on request, a short profiled window names the module that takes most of the forward and
+backward time, with its share and the fix for its type; the profiler and the hooks are gone afterwards; a
+run that did not ask is never profiled."""
+
+from itertools import pairwise
+
+import pytest
+import torch
+from faults import kinds, train_with_doctor
+from timing_loops import Feed, in_memory, train
+from torch import nn
+
+from hookscope.doctor.timing import TimingRecorder
+from hookscope.doctor.timing.slow_layers import slow_layers
+
+
+def heavy_conv_net() -> nn.Sequential:
+    """A wide 5x5 convolution between two cheap layers: most of every step's compute."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 1),
+        nn.Conv2d(4, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+def profiled_run(steps=30, warmup=5, window=3, request=True):
+    torch.set_num_threads(1)
+    model = heavy_conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt, warmup=warmup)
+    if request:
+        feed.recorder.profile_layers(window)
+    train(model, opt, feed, in_memory(), steps)
+    return model, feed, feed.close()
+
+
+def test_the_module_taking_most_of_the_time_is_named_with_its_share_and_fix():
+    _, _, found = profiled_run()
+    (finding,) = [f for f in found if f.kind == "slow_layers"]
+    assert finding.module == "1"
+    assert finding.evidence["steps"] == [5, 6, 7]  # the window opens when the warm-up is over
+    shares = finding.evidence["shares"]
+    assert next(iter(shares)) == "1" and shares["1"] >= 0.5
+    assert set(finding.evidence["ms_per_step"]) == {"0", "1", "2", "3", "4", "5"}
+    assert finding.message.startswith(f"`1` (Conv2d) takes {shares['1']:.0%} of the forward and backward")
+    assert "profiled steps 5-7" in finding.message and "channels_last" in finding.message
+    assert finding.severity == "info"
+
+
+def test_nothing_stays_on_after_the_window():
+    model, _, _ = profiled_run()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model)
+    with torch.profiler.profile():  # torch refuses a second profiler while one is running
+        pass
+
+
+def test_a_run_that_did_not_ask_is_not_profiled():
+    _, feed, found = profiled_run(request=False)
+    assert "slow_layers" not in {f.kind for f in found}
+    assert feed.recorder.slow_layers.profiled == []
+
+
+def test_a_window_cut_short_by_the_end_of_the_run_counts_the_steps_it_saw():
+    _, _, found = profiled_run(steps=7, warmup=5, window=5)
+    (finding,) = [f for f in found if f.kind == "slow_layers"]
+    assert finding.evidence["steps"] == [5, 6]
+
+
+def test_shares_name_the_fewest_modules_that_cover_half_the_time():
+    times = {"enc": 0.03, "attn": 0.04, "head": 0.02, "norm": 0.01}
+    kinds = {"enc": "Linear", "attn": "MultiheadAttention", "head": "Linear", "norm": "LayerNorm"}
+    finding = slow_layers(times, kinds, [10, 11, 12])
+    assert finding.evidence["shares"] == {"attn": 0.4, "enc": 0.3}
+    assert finding.message.startswith("`attn` (MultiheadAttention) and `enc` (Linear) take 40% and 30% of")
+    assert "scaled_dot_product_attention" in finding.message and "torch.autocast" in finding.message
+    assert slow_layers({}, {}, [1]) is None
+
+
+def test_a_bad_window_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"steps=0; profile at least one step \(steps >= 1\)"):
+        TimingRecorder().profile_layers(0)
+
+
+def test_doctor_profile_true_names_the_widest_layer_in_the_learner():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    widths = [64, 16, 1024, 1024, 10]  # layer `4` (1024 x 1024) makes 97% of the multiplications
+    layers = [m for a, b in pairwise(widths) for m in (nn.Linear(a, b), nn.ReLU())]
+    model = nn.Sequential(*layers[:-1])
+    learn = train_with_doctor(model, steps=20, profile=True)
+    (finding,) = kinds(learn)["slow_layers"]
+    assert finding.module == "4" and finding.evidence["steps"] == [10, 11, 12, 13, 14]
+    assert "`4` (Linear)" in finding.message and "torch.autocast" in finding.message
+    assert "slow_layers" not in kinds(train_with_doctor(model, steps=20))  # not asked: not profiled
