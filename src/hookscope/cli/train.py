@@ -52,9 +52,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         options = TrainOptions(**given)
         out = args.out or f"runs/{_short_name(options.model)}-{datetime.now():%Y%m%d-%H%M%S}"
-        StagedFolder.check_start(out, "train", overwrite=args.overwrite)  # before any data loads
-    options.out = str(StagedFolder.paths(out)[0])
-    learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
+    # Before any data loads: a live writer of the run is refused (also with --overwrite) and the folder
+    # checked; the lock then passes to the RunFolder, which holds it until the run is published.
+    claim = StagedFolder.lock_for(out)
+    try:
+        if distributed.is_rank_zero():  # under torchrun rank 0 writes the run folder
+            StagedFolder.acquire(claim)
+        if not args.resume:
+            StagedFolder.check_start(out, "train", overwrite=args.overwrite, lock=claim)
+        options.out = str(StagedFolder.paths(out)[0])
+        learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
+        learn.run_folder.lock.take_over(claim)
+    finally:
+        claim.release()
     folder = learn.run_folder
     folder.overwrite = args.overwrite
     if options.preflight and not args.resume and distributed.is_rank_zero():
