@@ -45,7 +45,8 @@ class Checkpoint(Callback):
     Runs late (``order=90``), after the Recorder and the schedulers, so a checkpoint holds this batch's
     records. ``sigint=False`` leaves Ctrl-C alone. ``lock``: hold the folder's writer lock during the fit
     (``True``), a lock its owner holds (a :class:`~hookscope.callbacks.RunFolder` passes its run's), or
-    none (``False``).
+    none (``False``). ``allow_other_run=True`` lets ``fit(resume=...)`` continue a checkpoint that another
+    run wrote (other model, data, loss, optimizer or lr), which is refused otherwise.
     """
 
     order = 90
@@ -63,6 +64,7 @@ class Checkpoint(Callback):
         mode: Literal["min", "max"] = "min",
         sigint: bool = True,
         lock: bool | FolderLock = True,
+        allow_other_run: bool = False,
     ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"Checkpoint: every_n_steps={every_n_steps}; pass a positive int or None")
@@ -77,6 +79,7 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.mode = mode
         self.sigint = sigint
+        self.allow_other_run = allow_other_run
         self._own_lock = lock is True
         self.lock = FolderLock(self.dir, "the checkpoint folder") if lock is True else (lock or None)
         self.best: float | None = None
