@@ -60,15 +60,15 @@ def model_fingerprint(model: nn.Module) -> str:
 
 
 def loader_fingerprint(loader: Any) -> dict[str, Any] | None:
-    """Sizes of a loader's data (samples, batch size, batches) and, for in-memory tensors, a CRC of
-    their first and last bytes; None when there is no loader."""
+    """Sizes of a loader's data (samples, batch size) and, for in-memory tensors, a CRC of their first
+    and last bytes; None when there is no loader. Not the number of batches: under torchrun it depends
+    on the number of processes, and a resume by another number is allowed (with a warning)."""
     if loader is None:
         return None
     dataset = getattr(loader, "dataset", None)
     found: dict[str, Any] = {
         "samples": _length(dataset),
         "batch_size": getattr(loader, "batch_size", None),
-        "batches": _length(loader),
     }
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, tuple) and all(isinstance(t, torch.Tensor) for t in tensors):
