@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import warnings
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -141,6 +142,23 @@ class FolderLock:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # a writer that forgot its lock: the process keeps no stale one
             self.release()
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` for the block, waiting for it: one process at a time
+    through a short critical section (creating a shared database's tables). The file is left in place."""
+    if fcntl is None:
+        _warn_unlocked()
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 def describe(record: dict[str, Any]) -> str:
