@@ -77,3 +77,33 @@ def test_after_kill_9_the_run_is_unfinished_and_only_then_resume_is_offered(tmp_
     assert f"holds an unfinished run of --out {tmp_path / 'run'} (its writer, pid {first.pid} on " in lines[0]
     assert f"is gone); continue it with `hookscope train --resume {tmp_path / '.run.partial'}`" in lines[0]
     assert checkpoint.is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_four_runs_at_once_into_one_mlflow_store_each_in_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'sweep.db'}")
+    lrs = ["1e-3", "3e-3", "1e-2", "3e-2"]
+    runs = [
+        start("--epochs", "1", "--lr", lr, "--out", f"runs/lr-{lr}", "--log", "mlflow", cwd=tmp_path)
+        for lr in lrs
+    ]
+    for process in runs:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+        assert "MLflowCallback" not in err  # no tracker warned
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'sweep.db'}")
+    found = client.search_runs([client.get_experiment_by_name("hookscope").experiment_id])
+    assert sorted(run.info.run_name for run in found) == sorted(f"lr-{lr}" for lr in lrs)
+    for run in found:
+        folder = tmp_path / "runs" / run.info.run_name
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        (epoch,) = [row for row in rows if row["kind"] == "epoch"]
+        logged = client.get_metric_history(run.info.run_id, "epoch/valid_loss")
+        assert run.info.status == "FINISHED" and [m.value for m in logged] == pytest.approx(
+            [epoch["valid_loss"]]
+        )
+        assert json.loads((folder / "config.json").read_text())["status"] == "complete"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(f"lr-{lr}" for lr in lrs)
