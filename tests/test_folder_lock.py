@@ -98,3 +98,14 @@ def test_a_lock_is_handed_over_without_a_gap(tmp_path):
         FolderLock(tmp_path / "run").acquire()
     with pytest.raises(ValueError, match="lock the same folder"):
         FolderLock(tmp_path / "other").take_over(writer)
+
+
+def test_a_released_lock_leaves_no_folder_it_made(tmp_path):
+    lock = FolderLock(tmp_path / "runs" / "deep" / "run").acquire()
+    assert lock_path(tmp_path / "runs" / "deep" / "run").is_file()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []  # a refused command writes nothing, not even runs/
+    kept = FolderLock(tmp_path / "runs" / "run").acquire()
+    (tmp_path / "runs" / "run").mkdir()  # the writer wrote its folder: runs/ stays
+    kept.release()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["run"]

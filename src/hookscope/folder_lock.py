@@ -60,6 +60,7 @@ class FolderLock:
 
     def __init__(self, folder: str | os.PathLike[str], what: str = "the folder") -> None:
         self._file: IO[str] | None = None
+        self._created: list[Path] = []  # the lock file's parent folders this lock made, deepest first
         self.folder = Path(os.path.abspath(Path(folder).expanduser()))
         self.path = lock_path(self.folder)
         self.what = what
@@ -77,9 +78,12 @@ class FolderLock:
         if fcntl is None:
             _warn_unlocked()
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while self._file is None:
-            file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 — held open for the writer's life
+            self._created = _make_parents(self.path.parent)
+            try:
+                file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 — held for the writer's life
+            except FileNotFoundError:  # another writer's release removed the empty parent: make it again
+                continue
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -101,6 +105,7 @@ class FolderLock:
             raise ValueError(f"FolderLock.take_over: {other.path} is not {self.path}; lock the same folder")
         self.release()
         self._file, other._file = other._file, None
+        self._created, other._created = other._created, []
         self.stale = other.stale
 
     def release(self) -> None:
@@ -111,6 +116,11 @@ class FolderLock:
         if _is_current(file, self.path):
             self.path.unlink(missing_ok=True)
         file.close()
+        for folder in self._created:  # a refused or empty run leaves no folder behind
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run (or another) wrote there
+                break
 
     def _write_record(self) -> None:
         assert self._file is not None
@@ -183,6 +193,13 @@ def holder(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     if record.get("host") == socket.gethostname() and not _alive(record.get("pid")):
         return None
     return record
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those it created, deepest first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 def _record(file: IO[str]) -> dict[str, Any] | None:
