@@ -73,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         learn.fit(options.epochs, resume=(args.resume_from or out) if args.resume else None)
     except KeyboardInterrupt:
+        folder.lock.release()  # also when the fit stopped before its callbacks ran (a resume refused)
         if distributed.is_rank_zero():
             print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
         return 130
     except Exception as err:
+        folder.lock.release()
         code, message = _explain(err)
         raise CommandError(message + _resume_hint(folder), code) from err
     findings = ranked(learn.doctor.findings) if options.doctor else None
