@@ -112,9 +112,7 @@ class StagedFolder:
         except FolderBusyError as err:
             raise RunFolderBusyError(str(err)) from None
         except OSError as err:
-            raise RunFolderWriteError(
-                f"cannot write the run folder {lock.folder} ({err.strerror or err}); choose a writable --out"
-            ) from None
+            raise _unwritable(lock.folder, err) from None
 
     @staticmethod
     def paths(path: str | Path) -> tuple[Path, Path]:
@@ -195,9 +193,7 @@ class StagedFolder:
                 partial.mkdir(parents=True)
                 (partial / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
             except OSError as err:
-                raise RunFolderWriteError(
-                    f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
-                ) from None
+                raise _unwritable(final, err) from None
         return cls(final, partial, lock)
 
     @staticmethod
@@ -266,6 +262,12 @@ class StagedFolder:
         self.path = self.final
         self.release()
         return self.final
+
+
+def _unwritable(final: Path, err: OSError) -> RunFolderWriteError:
+    return RunFolderWriteError(
+        f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
+    )
 
 
 @contextlib.contextmanager
