@@ -5,6 +5,7 @@ Importable by spawned worker processes (the several-processes test)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import optuna
@@ -45,7 +46,9 @@ def objective(trial: optuna.Trial, folder: Path, epochs: int = 2) -> float:
 
 
 def worker(storage: str, study_name: str, folder: str, n_trials: int) -> None:
-    """One process of the sweep: ``n_trials`` trials of the study in ``storage``."""
+    """One process of the sweep: ``n_trials`` trials of the study in ``storage``, in ``folder`` (MLflow
+    puts the artifacts of a store given by URL in ``mlruns/`` of the working directory)."""
+    os.chdir(folder)
     study = optuna.load_study(study_name=study_name, storage=_storage(storage))
     study.optimize(lambda trial: objective(trial, Path(folder)), n_trials=n_trials)
 

@@ -61,7 +61,8 @@ def check_sweep(study, folder):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_four_trials_in_threads_of_one_process(tmp_path):
+def test_four_trials_in_threads_of_one_process(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's mlruns/ for the artifacts
     study = queued_study()
     study.optimize(lambda trial: objective(trial, tmp_path), n_trials=4, n_jobs=2)
     check_sweep(study, tmp_path)
@@ -85,7 +86,8 @@ def test_four_trials_in_two_processes_sharing_a_storage(tmp_path, kind):
     check_sweep(optuna.load_study(study_name="sweep", storage=_storage(storage)), tmp_path)
 
 
-def test_the_studys_pruner_judges_the_monitored_value(tmp_path):
+def test_the_studys_pruner_judges_the_monitored_value(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=0.01))  # every loss is above
     study.enqueue_trial({"lr": GOOD})
     study.optimize(lambda trial: objective(trial, tmp_path, epochs=3), n_trials=1)
