@@ -115,6 +115,7 @@ def test_an_unwritable_place_is_a_write_error_naming_the_path(tmp_path):
 def test_resume_continues_a_partial_folder_in_place(tmp_path):
     folder = StagedFolder.start(tmp_path / "demo")
     atomic_write_text(folder.file("config.json"), "{}")
+    folder.release()  # the first writer is done (else the resume is refused: see the lock tests)
     resumed = StagedFolder.resume(folder.path)
     assert (resumed.path, resumed.final) == (folder.path, tmp_path / "demo")
 

@@ -74,20 +74,24 @@ def write_watch_folder(
     """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
     versions), findings.json, stats.json, timing.json, the loss and statistics figures and report.html;
     returns the published folder. An existing run at ``path`` is refused, as by RunFolder without
-    ``overwrite``."""
-    folder = StagedFolder.start(path, KIND)
-    facts = {"name": folder.final.name, "command": shlex.join(["python", *sys.argv]), "versions": versions()}
-    atomic_write_json(folder.file(CONFIG), {**facts, **config, "ended": now_iso()})
-    write_or_warn("findings.json", lambda: write_findings(folder.file, findings))
-    if activations is not None:
-        write_or_warn("stats.json", lambda: write_stats(folder.file, activations.latest()))
-    if timing is not None:
-        write_or_warn("timing.json", lambda: write_timing(folder.file, timing))
-    write_or_warn(
-        "the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model)
-    )
-    write_or_warn("report.html", lambda: write_report_html(folder.path))
-    return folder.finish()
+    ``overwrite``, and so is a run another live writer is writing there."""
+    folder = StagedFolder.start(path, KIND)  # holds the run's lock (a second writer is refused) till finished
+    try:
+        command = shlex.join(["python", *sys.argv])
+        facts = {"name": folder.final.name, "command": command, "versions": versions()}
+        atomic_write_json(folder.file(CONFIG), {**facts, **config, "ended": now_iso()})
+        write_or_warn("findings.json", lambda: write_findings(folder.file, findings))
+        if activations is not None:
+            write_or_warn("stats.json", lambda: write_stats(folder.file, activations.latest()))
+        if timing is not None:
+            write_or_warn("timing.json", lambda: write_timing(folder.file, timing))
+        write_or_warn(
+            "the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model)
+        )
+        write_or_warn("report.html", lambda: write_report_html(folder.path))
+        return folder.finish()
+    finally:
+        folder.release()
 
 
 def _write_watch_figures(

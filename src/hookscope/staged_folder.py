@@ -21,19 +21,28 @@ Nothing is lost:
 - A folder is replaced only when hookscope wrote it (its ``.hookscope`` marker), it is of the same kind,
   and the caller said so (``overwrite``); a folder hookscope did not write, or the folder the user is in,
   is never replaced.
+- One writer per run: from its start to its rename into place a run holds the lock ``.<name>.lock``
+  beside the folder (:mod:`hookscope.folder_lock`). A second writer — a fresh run, an ``overwrite``, a
+  resume — is refused in one line naming the holder (pid, host, since when); a live run is never
+  replaced.
 - An interrupted run stays ``.<name>.partial``; starting the same run again refuses and says how to resume
-  it (or start over with ``overwrite``) instead of deleting it.
+  it (or start over with ``overwrite``) instead of deleting it. A run whose writer died (its lock is
+  stale) is such an unfinished run; while its writer lives it is in use, not unfinished.
 - Resuming a finished run copies it with hard links (the files are replaced atomically, never written in
   place, so the original stays intact until the resumed run finishes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from hookscope.folder_lock import FolderBusyError, FolderLock, describe, holder
 
 CONFIG = "config.json"
 MARKER = ".hookscope"
@@ -46,6 +55,10 @@ class RunFolderError(Exception):
 
 class RunFolderWriteError(RunFolderError):
     """The file system refused to create or copy the run folder (permissions, a file in the way)."""
+
+
+class RunFolderBusyError(RunFolderError, FolderBusyError):
+    """Another live writer holds the run folder's lock; the message names it and since when."""
 
 
 def read_json(path: str | Path) -> Any:
@@ -81,9 +94,25 @@ def _read(path: Path) -> dict[str, Any] | None:
 class StagedFolder:
     """Where one run writes its files: ``path`` is the hidden partial folder until :meth:`finish`."""
 
-    def __init__(self, final: Path, path: Path) -> None:
+    def __init__(self, final: Path, path: Path, lock: FolderLock | None = None) -> None:
         self.final = final
         self.path = path
+        self.lock = lock
+
+    @classmethod
+    def lock_for(cls, path: str | Path) -> FolderLock:
+        """The (not yet acquired) writer's lock of the run at ``path`` — its final or partial name."""
+        return FolderLock(cls.paths(path)[0], "the run folder")
+
+    @staticmethod
+    def acquire(lock: FolderLock) -> FolderLock:
+        """Take ``lock``, or refuse with :class:`RunFolderBusyError` naming the live writer holding it."""
+        try:
+            return lock.acquire()
+        except FolderBusyError as err:
+            raise RunFolderBusyError(str(err)) from None
+        except OSError as err:
+            raise _unwritable(lock.folder, err) from None
 
     @staticmethod
     def paths(path: str | Path) -> tuple[Path, Path]:
@@ -118,16 +147,24 @@ class StagedFolder:
             )
 
     @classmethod
-    def check_start(cls, path: str | Path, kind: str, overwrite: bool = False) -> None:
-        """Refuse to start a fresh ``kind`` run at ``path`` that would replace a run (unless ``overwrite``)
-        or delete an unfinished one (it can be resumed instead)."""
+    def check_start(
+        cls, path: str | Path, kind: str, overwrite: bool = False, lock: FolderLock | None = None
+    ) -> None:
+        """Refuse to start a fresh ``kind`` run at ``path`` that another live writer is writing (always),
+        that would replace a run (unless ``overwrite``) or delete an unfinished one (it can be resumed
+        instead). ``lock``: the lock on ``path`` the caller took (without one, the lock is peeked)."""
         cls.check_owner(path, kind)
         final, partial = cls.paths(path)
+        writer = holder(final) if lock is None else None
+        if writer is not None:
+            raise RunFolderBusyError(cls.lock_for(final).busy_message(writer))
         if overwrite:
             return
         if kind == "train" and (partial / CONFIG).is_file():
+            gone = lock.stale if lock is not None else None
+            died = f" (its writer, {describe(gone)}, is gone)" if gone else ""
             raise RunFolderError(
-                f"{partial} holds an unfinished run of --out {final}; continue it with "
+                f"{partial} holds an unfinished run of --out {final}{died}; continue it with "
                 f"`hookscope train --resume {partial}` (Python: fit(n, resume='{partial}')), or start over "
                 "with --overwrite (Python: RunFolder(..., overwrite=True))"
             )
@@ -138,21 +175,26 @@ class StagedFolder:
             )
 
     @classmethod
-    def start(cls, path: str | Path, kind: str = "train", overwrite: bool = False) -> StagedFolder:
+    def start(
+        cls, path: str | Path, kind: str = "train", overwrite: bool = False, lock: FolderLock | None = None
+    ) -> StagedFolder:
         """Begin a fresh ``kind`` run that will end up at ``path`` (see :meth:`check_start`); with
-        ``overwrite`` an older run there is replaced at :meth:`finish` and an unfinished one discarded."""
-        cls.check_start(path, kind, overwrite)
-        final, partial = cls.paths(path)
-        try:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)
-            (partial / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
-        except OSError as err:
-            raise RunFolderWriteError(
-                f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
-            ) from None
-        return cls(final, partial)
+        ``overwrite`` an older run there is replaced at :meth:`finish` and an unfinished one discarded.
+
+        The run's lock (``lock``, or a new one) is taken first and held until :meth:`finish` or
+        :meth:`release`; a lock the caller already held stays held when the start is refused."""
+        lock = lock or cls.lock_for(path)
+        with _held(lock):
+            cls.check_start(path, kind, overwrite, lock)
+            final, partial = cls.paths(path)
+            try:
+                if partial.exists():
+                    shutil.rmtree(partial)
+                partial.mkdir(parents=True)
+                (partial / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+            except OSError as err:
+                raise _unwritable(final, err) from None
+        return cls(final, partial, lock)
 
     @staticmethod
     def check_run(path: str | Path) -> Path:
@@ -166,26 +208,29 @@ class StagedFolder:
         return given
 
     @classmethod
-    def resume(cls, path: str | Path) -> StagedFolder:
+    def resume(cls, path: str | Path, lock: FolderLock | None = None) -> StagedFolder:
         """Continue the run in ``path``: an interrupted ``.<name>.partial`` folder or a finished one.
 
         A finished run is copied to its partial folder first, with hard links where the file system
         allows (files are replaced, never written in place), so it stays intact until the resumed run
-        finishes and the copy costs no disk.
+        finishes and the copy costs no disk. The run's lock is taken first (see :meth:`start`): a run
+        whose writer is alive is not resumed.
         """
-        given = cls.check_run(path)
-        final, partial = cls.paths(given)
-        if given == partial:
-            return cls(final, partial)
-        try:
-            if partial.exists():
-                shutil.rmtree(partial)
-            shutil.copytree(given, partial, copy_function=_link_or_copy)
-        except OSError as err:
-            raise RunFolderWriteError(
-                f"cannot copy {given} to {partial} to resume ({err.strerror or err}); check permissions"
-            ) from None
-        return cls(given, partial)
+        lock = lock or cls.lock_for(path)
+        with _held(lock):
+            given = cls.check_run(path)
+            final, partial = cls.paths(given)
+            if given == partial:
+                return cls(final, partial, lock)
+            try:
+                if partial.exists():
+                    shutil.rmtree(partial)
+                shutil.copytree(given, partial, copy_function=_link_or_copy)
+            except OSError as err:
+                raise RunFolderWriteError(
+                    f"cannot copy {given} to {partial} to resume ({err.strerror or err}); check permissions"
+                ) from None
+        return cls(given, partial, lock)
 
     def file(self, relative: str) -> Path:
         """Path of a file inside the run (its parent folders are created)."""
@@ -197,6 +242,12 @@ class StagedFolder:
         """Delete the partial folder: for a run that failed before it produced anything worth keeping."""
         if self.path != self.final:
             shutil.rmtree(self.path, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        """Give up the run's lock (the writer is done, the folder stays as it is)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def finish(self) -> Path:
         """Rename the partial folder to its final name, replacing an older run there; return that name."""
@@ -209,7 +260,27 @@ class StagedFolder:
         if old.exists():
             shutil.rmtree(old)
         self.path = self.final
+        self.release()
         return self.final
+
+
+def _unwritable(final: Path, err: OSError) -> RunFolderWriteError:
+    return RunFolderWriteError(
+        f"cannot write the run folder {final} ({err.strerror or err}); choose a writable --out"
+    )
+
+
+@contextlib.contextmanager
+def _held(lock: FolderLock) -> Iterator[None]:
+    """Take ``lock`` for what follows; give it back if that fails, unless the caller held it before."""
+    already = lock.held
+    StagedFolder.acquire(lock)
+    try:
+        yield
+    except BaseException:
+        if not already:
+            lock.release()
+        raise
 
 
 def _absolute(path: str | Path) -> Path:

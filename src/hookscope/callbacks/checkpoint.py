@@ -10,6 +10,10 @@ training batch (or the epoch's validation) finishes, a checkpoint is written, th
 and ``KeyboardInterrupt`` is raised (exit code non-zero). A second press stops at once without saving.
 An LR sweep (``lr_find``) writes nothing.
 
+One writer per folder: during ``fit`` the folder is locked (:mod:`hookscope.folder_lock`), so a second
+fit saving to the same folder — in this process or another — is refused at its start in one line naming
+the holder, instead of both writing ``last.pt``.
+
 Under torchrun every rank saves together (each rank's RNGs go into the file), rank 0 writes, and a Ctrl-C
 (torchrun passes it to every rank) stops all ranks after the same step: whether any rank was interrupted
 is all-reduced once per step while ``sigint`` is on.
@@ -28,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from hookscope._deprecation import renamed_keywords
+from hookscope.folder_lock import FolderLock
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.checkpoint import Position, find_latest, link_atomic, save_learner
@@ -42,6 +47,10 @@ class Checkpoint(Callback):
     records. ``sigint=False`` leaves Ctrl-C alone. A model sharded with FSDP2 (or any, with
     ``sharded=True``) saves its tensors through ``torch.distributed.checkpoint``: each rank writes its
     shards into ``ckpt-<step>.dcp/`` beside ``ckpt-<step>.pt`` (see ``train/checkpoint/sharded.py``).
+    ``lock``: hold the folder's writer lock during the fit (``True``), a lock its owner holds (a
+    :class:`~hookscope.callbacks.RunFolder` passes its run's), or none (``False``).
+    ``allow_other_run=True`` lets ``fit(resume=...)`` continue a checkpoint that another run wrote (other
+    model, data, loss, optimizer or lr), which is refused otherwise.
     """
 
     order = 90
@@ -59,6 +68,8 @@ class Checkpoint(Callback):
         mode: Literal["min", "max"] = "min",
         sigint: bool = True,
         sharded: bool = False,
+        lock: bool | FolderLock = True,
+        allow_other_run: bool = False,
     ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"Checkpoint: every_n_steps={every_n_steps}; pass a positive int or None")
@@ -74,6 +85,9 @@ class Checkpoint(Callback):
         self.mode = mode
         self.sigint = sigint
         self.sharded = sharded
+        self.allow_other_run = allow_other_run
+        self._own_lock = lock is True
+        self.lock = FolderLock(self.dir, "the checkpoint folder") if lock is True else (lock or None)
         self.best: float | None = None
         self._last_saved_step = -1
         self._interrupted = False
@@ -89,6 +103,8 @@ class Checkpoint(Callback):
     # ---- events --------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
+        if self.lock is not None and distributed.is_rank_zero():
+            self.lock.acquire()  # before anything in the folder is touched
         for stale in self.dir.glob(".*.tmp") if distributed.is_rank_zero() else ():  # a killed write's
             stale.unlink(missing_ok=True)
         self._check_monitor()
@@ -118,9 +134,11 @@ class Checkpoint(Callback):
 
     def after_fit(self) -> None:
         self._restore_handler()
+        self._release()
 
     def on_failure(self, exc: BaseException) -> None:
         self._restore_handler()
+        self._release()
         if self._stopped:
             return  # our own stop after a Ctrl-C: the hint is already printed
         last = self.dir / "last.pt"
@@ -214,6 +232,10 @@ class Checkpoint(Callback):
             print(f"hookscope: {message}", file=sys.stderr, flush=True)
         self._stopped = True
         raise KeyboardInterrupt(message)
+
+    def _release(self) -> None:
+        if self._own_lock and self.lock is not None:
+            self.lock.release()
 
     def _restore_handler(self) -> None:
         if self._previous_handler is not None:

@@ -67,8 +67,10 @@ class RunFolder(Callback):
     Nothing is lost (:mod:`hookscope.staged_folder`): a ``path`` that hookscope did not write, or the
     folder you are in, is refused here; at ``fit`` an existing run at ``path`` is replaced only with
     ``overwrite=True``, and an unfinished one is resumed (``fit(n, resume=...)``), never deleted, unless
-    ``overwrite=True``. ``publish=False`` leaves the folder under its partial name at the end of the fit
-    until :meth:`publish` is called (the command line publishes after its closing message). Refusals are
+    ``overwrite=True``. From ``before_fit`` until :meth:`publish` the run is locked: a second writer
+    there — in this process or another — is refused, also with ``overwrite=True``. ``publish=False``
+    leaves the folder under its partial name at the end of the fit until :meth:`publish` is called (the
+    command line publishes after its closing message). Refusals are
     :class:`~hookscope.staged_folder.RunFolderError`.
     """
 
@@ -90,6 +92,7 @@ class RunFolder(Callback):
         publish: bool = True,
     ) -> None:
         self.final, self.partial = StagedFolder.paths(path)
+        self.lock = StagedFolder.lock_for(self.final)  # held from before_fit until publish (or a failure)
         StagedFolder.check_owner(self.final, KIND)  # refused now, before anything loads or trains
         self.overwrite, self.publish_at_end = overwrite, publish
         self.config = dict(config or {})
@@ -100,7 +103,8 @@ class RunFolder(Callback):
         self.checkpoint: Checkpoint | None = None
         if checkpoints:
             options = dict(checkpoints) if isinstance(checkpoints, Mapping) else {}
-            self.checkpoint = Checkpoint(self.partial / "checkpoints", **options)
+            # the run's lock covers its checkpoints: taken by the Checkpoint, which runs first at before_fit
+            self.checkpoint = Checkpoint(self.partial / "checkpoints", **{"lock": self.lock, **options})
         self.folder: StagedFolder | None = None
         self._sample: Any = None
         self._previous: dict[str, Any] = {}
@@ -148,11 +152,12 @@ class RunFolder(Callback):
             self.publish()
 
     def on_failure(self, exc: BaseException) -> None:
-        """Keep the partial folder, with a report saying where the fit stopped and why."""
-        if self.folder is None:
-            return
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        self._write_results(status, error=f"{type(exc).__name__}: {exc}")
+        """Keep the partial folder, with a report saying where the fit stopped and why; the run's lock is
+        given back (the run can be resumed)."""
+        if self.folder is not None:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self._write_results(status, error=f"{type(exc).__name__}: {exc}")
+        self.lock.release()
 
     def publish(self) -> Path:
         """Rename the finished run into place (replacing the run it may replace); returns its path.
@@ -174,6 +179,7 @@ class RunFolder(Callback):
         the doctor found errors)."""
         self._write_config("failed", error=reason)
         write_or_warn("report.html", self._write_report)
+        self.lock.release()
 
     # ---- writing ---------------------------------------------------------------------------------------
 
@@ -181,8 +187,8 @@ class RunFolder(Callback):
         """A fresh folder, or the run this fit continues (see :meth:`_continued`)."""
         continued = self._continued()
         if continued is None:
-            return StagedFolder.start(self.final, KIND, overwrite=self.overwrite)
-        return StagedFolder.resume(continued)
+            return StagedFolder.start(self.final, KIND, overwrite=self.overwrite, lock=self.lock)
+        return StagedFolder.resume(continued, lock=self.lock)
 
     def _continued(self) -> Path | None:
         """The folder of the run this fit continues; None for a fresh run.

@@ -54,9 +54,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         options = TrainOptions(**given)
         out = args.out or f"runs/{_short_name(options.model)}-{datetime.now():%Y%m%d-%H%M%S}"
-        StagedFolder.check_start(out, "train", overwrite=args.overwrite)  # before any data loads
-    options.out = str(StagedFolder.paths(out)[0])
-    learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
+    # Before any data loads: a live writer of the run is refused (also with --overwrite) and the folder
+    # checked; the lock then passes to the RunFolder, which holds it until the run is published.
+    claim = StagedFolder.lock_for(out)
+    try:
+        if distributed.is_rank_zero():  # under torchrun rank 0 writes the run folder
+            StagedFolder.acquire(claim)
+        if not args.resume:
+            StagedFolder.check_start(out, "train", overwrite=args.overwrite, lock=claim)
+        options.out = str(StagedFolder.paths(out)[0])
+        learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
+        learn.run_folder.lock.take_over(claim)
+    finally:
+        claim.release()
     folder = learn.run_folder
     folder.overwrite = args.overwrite
     if options.preflight and not args.resume and distributed.is_rank_zero():
@@ -65,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         learn.fit(options.epochs, resume=(args.resume_from or out) if args.resume else None)
     except KeyboardInterrupt:
+        folder.lock.release()  # also when the fit stopped before its callbacks ran (a resume refused)
         if distributed.is_rank_zero():
             print(f"hookscope train: interrupted{_resume_hint(folder)}", file=sys.stderr)
         return 130
     except Exception as err:
+        folder.lock.release()
         code, message = _explain(err)
         raise CommandError(message + _resume_hint(folder), code) from err
     findings = ranked(learn.doctor.findings) if options.doctor else None

@@ -130,3 +130,33 @@ def faulty_learner(*cbs: hs.Callback, dead_at: int = 6, **doctor) -> hs.Learner:
         cbs=[hs.callbacks.Doctor(quiet=True, **doctor), KillUnits(dead_at), *cbs],
         progress=False,
     )
+
+
+def sweep_member(index: int, folder: str, barrier: Any, results: Any) -> None:
+    """One fit of a sweep, in its own (spawned) process: the faulty learner logging to the MLflow store,
+    the TensorBoard folder and the W&B folder it shares with the others, starting with them at
+    ``barrier``; puts ``(index, what it trained and found, the tracker warnings)`` in ``results``."""
+    import os
+    import warnings
+
+    os.chdir(folder)
+    name = f"member-{index}"
+    trackers = [
+        hs.callbacks.MLflowCallback(every=1, stats_every=5, run_name=name),
+        hs.callbacks.TensorBoardCallback(log_dir="tb", run_name=name, every=1),
+        hs.callbacks.WandbCallback(every=1, log_model=False, init_kwargs={"name": name}),
+    ]
+    learn = faulty_learner(*trackers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        barrier.wait(timeout=300)
+        learn.fit(1)
+    ran = {
+        "losses": learn.recorder.losses,
+        "valid_loss": [row["valid_loss"] for row in learn.recorder.history],
+        "findings": [f.kind for f in learn.doctor.findings],
+        "mlflow": learn.mlflow.run_id,
+        "wandb": learn.wandb.run_id,
+    }
+    tracker_warnings = [str(w.message) for w in caught if "logging is off" in str(w.message)]
+    results.put((index, ran, tracker_warnings))

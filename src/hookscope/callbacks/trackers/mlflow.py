@@ -8,6 +8,11 @@ become tags (``doctor.<kind>.<module>`` = ``step N: message``), the run's descri
 ``dataset.*`` and ``dataset.json``; the sample predictions a table ``predictions/step-<N>.json`` (with
 the images); the final weights ``model/model.safetensors``.
 
+Runs side by side on one SQLite store (a sweep; the default store in one working directory): the tables
+are created once, under a file lock beside the database (``.mlflow.db.lock``), and a write that finds the
+database locked by another run waits and retries (``_RETRIES`` times) before the tracker gives up with its
+one warning. A run is named after its run folder (else MLflow names it), so a sweep's runs are told apart.
+
 With a :class:`~hookscope.callbacks.RunFolder`, the store is ``mlflow.db`` and ``mlartifacts/`` inside the
 run folder. MLflow records artifact locations as absolute paths, so when the folder is renamed (the run
 finished, or a finished run is resumed) the store's locations are moved with it.
@@ -15,6 +20,7 @@ finished, or a finished run is resumed) the store's locations are moved with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -33,11 +39,14 @@ from hookscope.callbacks.trackers.records import (
     flat_config,
 )
 from hookscope.doctor.findings import Finding
+from hookscope.folder_lock import exclusive
 
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 _MAX_METRICS, _MAX_PARAMS = 1000, 100  # MLflow's limits per log_batch call
 _PARAM_LENGTH = 6000
+# a write finding the database locked by another run waits 0.25 s, 0.5 s, ... and tries again
+_RETRIES, _RETRY_WAIT_S = 8, 0.25
 T = TypeVar("T")
 
 
@@ -47,7 +56,7 @@ class MLflowCallback(Tracker):
     ``tracking_uri=None`` uses ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///mlflow.db`` in the run
     folder (when a :class:`~hookscope.callbacks.RunFolder` is attached) or the working directory, with
     the artifacts in ``mlartifacts/`` next to it. ``experiment`` defaults to ``"hookscope"``;
-    ``run_name`` to MLflow's own. Rates and the ``log_*`` switches: see
+    ``run_name`` to the run folder's name, else MLflow's own. Rates and the ``log_*`` switches: see
     :class:`~hookscope.callbacks.trackers.base.Tracker`. View it with
     ``mlflow ui --backend-store-uri sqlite:///mlflow.db`` from that folder.
     """
@@ -80,14 +89,17 @@ class MLflowCallback(Tracker):
             if self._store.is_file():
                 _relocate(self._store, _other_names(self.run_folder(), folder), folder)
             uri = f"sqlite:///{self._store}"
-        self.client = MlflowClient(uri)
-        _release(self.client)  # an engine cached by an earlier fit may hold a file that has since moved
-        if self.run_id is not None:
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            tags = {"mlflow.source.name": "hookscope", "mlflow.source.type": "LOCAL"}
-            experiment_id = self._experiment_id(folder)
-            self.run_id = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags).info.run_id
+        with _schema_lock(uri):  # the first use of a new store creates its tables: one process at a time
+            self.client = _Retrying(MlflowClient(uri))
+            _release(self.client)  # an engine cached by an earlier fit may hold a file that has since moved
+            if self.run_id is not None:
+                self.client.update_run(self.run_id, status="RUNNING")
+            else:
+                tags = {"mlflow.source.name": "hookscope", "mlflow.source.type": "LOCAL"}
+                experiment_id = self._experiment_id(folder)
+                run_folder = self.run_folder()
+                name = self.run_name or (run_folder.final.name if run_folder is not None else None)
+                self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
         return relative_to(self._store, folder) if self._store is not None else uri
 
     def _experiment_id(self, folder: Path) -> str:
@@ -165,6 +177,43 @@ class MLflowCallback(Tracker):
         items = [Param(_key(k), v[:_PARAM_LENGTH]) for k, v in params.items()]
         for chunk in _chunks(items, _MAX_PARAMS):
             self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+
+
+class _Retrying:
+    """An MlflowClient whose calls wait and retry when SQLite reports the database locked by another
+    writer (runs side by side on one store); any other error, or the last retry's, propagates."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.client, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            attempt = 0
+            while True:
+                try:
+                    return found(*args, **kwargs)
+                except Exception as err:
+                    attempt += 1
+                    if "database is locked" not in str(err) or attempt == _RETRIES:
+                        raise
+                    time.sleep(_RETRY_WAIT_S * 2 ** (attempt - 1))
+
+        return call
+
+
+@contextlib.contextmanager
+def _schema_lock(uri: str) -> Iterator[None]:
+    """For a SQLite store, hold the lock file beside the database; other stores arbitrate themselves."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    with exclusive(database.with_name(f".{database.name}.lock")):
+        yield
 
 
 def _release(client: Any) -> None:

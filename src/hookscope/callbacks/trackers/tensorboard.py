@@ -11,6 +11,7 @@ drops what the interrupted run logged after its checkpoint: the steps continue w
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -26,9 +27,12 @@ class TensorBoardCallback(Tracker):
     """Log the fit to TensorBoard event files in ``log_dir``.
 
     ``log_dir=None`` writes to ``tensorboard/`` in the run folder when a
-    :class:`~hookscope.callbacks.RunFolder` is attached, else to ``runs/tensorboard-<date>-<time>`` in the
-    working directory. Rates and the ``log_*`` switches are those of
-    :class:`~hookscope.callbacks.trackers.base.Tracker`; fastai's ``log_preds`` is on by default.
+    :class:`~hookscope.callbacks.RunFolder` is attached, else to ``runs/tensorboard-<date>-<time>-<pid>``
+    in the working directory. ``run_name``: write to the subfolder ``<log_dir>/<run_name>`` — runs side
+    by side sharing one ``log_dir`` each need their own (``tensorboard --logdir <log_dir>`` shows them
+    as separate runs; runs writing one folder would be merged into one). Rates and the ``log_*``
+    switches are those of :class:`~hookscope.callbacks.trackers.base.Tracker`; fastai's ``log_preds`` is
+    on by default.
     """
 
     label = "TensorBoard"
@@ -36,13 +40,14 @@ class TensorBoardCallback(Tracker):
     def __init__(
         self,
         log_dir: str | Path | None = None,
+        run_name: str | None = None,
         log_preds: bool = True,
         log_model: bool = False,
         log_dataset: bool = False,
         **rates: Any,
     ) -> None:
         super().__init__(log_preds=log_preds, log_model=log_model, log_dataset=log_dataset, **rates)
-        self.log_dir = log_dir
+        self.log_dir, self.run_name = log_dir, run_name
         self.writer: Any = None
 
     def open_run(self, folder: Path) -> str:
@@ -56,12 +61,13 @@ class TensorBoardCallback(Tracker):
 
     def _log_dir(self, folder: Path) -> Path:
         if self.log_dir is not None:
-            return Path(self.log_dir)
+            return Path(self.log_dir) / (self.run_name or "")
         if self.run_id is not None:  # continue where the run being resumed wrote
             return folder / self.run_id
         if self.run_folder() is not None:
-            return folder / "tensorboard"
-        return folder / "runs" / f"tensorboard-{datetime.now():%Y%m%d-%H%M%S}"
+            return folder / "tensorboard" / (self.run_name or "")
+        default = f"tensorboard-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # pid: runs of one second
+        return folder / "runs" / (self.run_name or default)
 
     def how_to_open(self, location: str) -> str:
         return f"tensorboard --logdir {location}"

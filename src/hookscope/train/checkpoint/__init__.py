@@ -10,6 +10,7 @@ One module per job:
 - ``callback_state.py``: what callbacks own — their ``state_dict``, with the optimizers and modules in it.
 - ``learner_state.py``: save and load a Learner — model, pending gradients, optimizer, callbacks, RNGs,
   loop position.
+- ``identity.py``: whose run a checkpoint is, so a resume continues its own run only.
 - ``resume.py``: ``fit(resume=...)`` — finding the file, applying it at the right moments of the loop,
   replaying a mid-epoch shuffle.
 
@@ -28,6 +29,7 @@ from hookscope.train.checkpoint.file import (
     load_checkpoint,
     write_checkpoint,
 )
+from hookscope.train.checkpoint.identity import check_identity, run_identity
 from hookscope.train.checkpoint.learner_state import (
     Position,
     current_position,
@@ -48,6 +50,7 @@ __all__ = [
     "Position",
     "Resume",
     "capture_rng",
+    "check_identity",
     "check_model_state",
     "check_plain",
     "current_position",
@@ -62,6 +65,7 @@ __all__ = [
     "loader_generators",
     "restore_rng",
     "rng_generators",
+    "run_identity",
     "save_learner",
     "train_batches",
     "unwrap",

@@ -25,6 +25,7 @@ from hookscope.train.checkpoint.callback_state import (
     save_callback_states,
 )
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint, write_checkpoint
+from hookscope.train.checkpoint.identity import run_identity
 from hookscope.train.checkpoint.rng import capture_rng, rank_states, rng_generators
 from hookscope.train.checkpoint.sharded import uses_sharded_format
 from hookscope.train.checkpoint.weights import check_model_state, unwrap
@@ -60,8 +61,9 @@ def save_learner(
 ) -> Path:
     """Write the full state of ``learn`` to ``path`` atomically: model, pending gradients (mid
     accumulation), optimizer, every callback's ``state_dict`` (recorder history, schedulers, grad scaler,
-    the optimizers and modules a callback owns, ...), every RNG, and the loop position. An optimizer that
-    a callback owns and swapped in as ``learn.opt`` is stored once, in that callback's state.
+    the optimizers and modules a callback owns, ...), every RNG, the loop position and the run's
+    identity (see ``identity.py``). An optimizer that a callback owns and swapped in as ``learn.opt`` is
+    stored once, in that callback's state.
 
     Under torchrun every rank calls this together (callback states and RNGs are gathered), rank 0 writes
     the file, and the others wait at a barrier until it is written. A sharded model (or ``sharded=True``)
@@ -91,6 +93,7 @@ def save_learner(
         "rng": capture_rng(rng_generators(learn)),
         "epoch_rng": learn.epoch_rng if position.iter else None,
         **rank_states(learn, mid_epoch=bool(position.iter)),
+        "identity": run_identity(learn),  # whose run it is: a resume continues its own run only
     }
     written = write_checkpoint(state, path) if distributed.is_rank_zero() else Path(path)
     distributed.barrier()

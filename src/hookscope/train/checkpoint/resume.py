@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hookscope.train import distributed
 from hookscope.train.checkpoint.callback_state import load_pending_objects
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
+from hookscope.train.checkpoint.identity import check_identity
 from hookscope.train.checkpoint.learner_state import Position, load_model_and_callbacks, load_optimizer
 from hookscope.train.checkpoint.rng import capture_rng, restore_rng, rng_generators
 
@@ -48,6 +49,7 @@ class Resume:
         """Read the checkpoint (``"last"``: ``last.pt`` of ``learn.checkpoint``'s folder; a file; or a
         folder holding ``last.pt``) and apply what must precede ``before_fit``."""
         file, state = load_newest(_resume_path(learn, resume))
+        check_identity(state.get("identity"), learn, str(file), allowed=_other_run_allowed(learn))
         self = cls(state, str(file))
         saved_n_epoch = self.state["position"]["n_epoch"]
         if saved_n_epoch != learn.n_epoch:
@@ -184,6 +186,12 @@ def _fallbacks(latest: Path) -> list[Path]:
             seen.add((stat.st_dev, stat.st_ino))
             found.append(candidate)
     return found
+
+
+def _other_run_allowed(learn: Learner) -> bool:
+    """Whether the Checkpoint callback says ``allow_other_run=True``: resuming another run's checkpoint."""
+    checkpoint = next((cb for cb in learn.cbs if cb.name == "checkpoint"), None)
+    return bool(getattr(checkpoint, "allow_other_run", False))
 
 
 def _resume_path(learn: Learner, resume: str | os.PathLike[str]) -> Path:
