@@ -24,6 +24,7 @@ from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.record_types import StepStats
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.summary import Summary
+from hookscope.run_history import write_history
 from hookscope.staged_folder import CONFIG, StagedFolder
 
 KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
@@ -71,6 +72,7 @@ def write_watch_folder(
     write_or_warn("findings.json", lambda: write_findings(folder.file, findings))
     if activations is not None:
         write_or_warn("stats.json", lambda: write_stats(folder.file, activations.latest()))
+    write_or_warn("history.json", lambda: write_history(folder.file, losses, [], activations, gradients))
     write_or_warn(
         "the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model)
     )
