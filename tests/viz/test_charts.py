@@ -85,6 +85,9 @@ def test_preselect_ticks_the_named_layers_then_spreads_over_the_depth():
     chosen = preselect(layers, first=["block77", "not-a-layer", "block77"], k=8)
     assert chosen[0] == "block77" and len(chosen) == 8 and len(set(chosen)) == 8
     assert "block0" in chosen and "block149" in chosen  # first and last blocks show
+    many = preselect(layers, first=[f"block{i}" for i in range(40, 60)], k=8)
+    assert many[:4] == ["block40", "block41", "block42", "block43"]  # half for the named layers
+    assert many[4] == "block0" and many[-1] == "block149"
     assert preselect(["a", "b"], k=8) == ["a", "b"]
 
 

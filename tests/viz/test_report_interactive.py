@@ -3,6 +3,7 @@ protocol: real mouse events hover a line (the tooltip shows the step and value),
 x range shrinks), tick a layer in the filter (the series shown change). The page must raise no error."""
 
 import base64
+import contextlib
 import json
 import shutil
 import subprocess
@@ -72,10 +73,18 @@ class Browser:
             pytest.skip("chromium is not installed (make browser installs it)")
         argv = [chromium, *FLAGS, f"--user-data-dir={profile}", "about:blank"]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port = self._port(profile / "DevToolsActivePort")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
-            target = next(t for t in json.load(answer) if t["type"] == "page")
-        self.socket = websockets_client.connect(target["webSocketDebuggerUrl"], max_size=None)
+        try:
+            port = self._port(profile / "DevToolsActivePort")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
+                target = next(t for t in json.load(answer) if t["type"] == "page")
+            self.closing = contextlib.ExitStack()
+            self.socket = self.closing.enter_context(
+                websockets_client.connect(target["webSocketDebuggerUrl"], max_size=None)
+            )
+        except BaseException:  # no chromium left behind when it cannot be driven
+            self.process.kill()
+            self.process.wait(timeout=30)
+            raise
         self.next_id, self.events = 0, []
         self.send("Runtime.enable")
         self.send("Page.enable")
@@ -144,7 +153,7 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
 
     def close(self):
-        self.socket.close()
+        self.closing.close()
         self.process.terminate()
         self.process.wait(timeout=30)
 

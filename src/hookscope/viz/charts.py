@@ -56,11 +56,13 @@ def chart_html(
     y_label: str = "",
     group: str | None = None,
     log: bool | None = None,
+    y_range: tuple[float, float] | None = None,
     max_points: int | None = None,
 ) -> str:
     """One chart of ``series``; ``group`` names the layer filter it follows (see :func:`layer_filter_html`).
 
     ``log`` picks a log y axis; None: log when every value is positive and they span more than 10×.
+    ``y_range``: a fixed y axis (a fraction: ``(0, 1)``); None: the values' range, padded.
     ``max_points``: the points a series keeps (None: its share of :data:`CHART_VALUES`).
     """
     if max_points is None:
@@ -81,6 +83,7 @@ def chart_html(
         "y_label": y_label,
         "log": spans_decades([v for s in series for v in s.values]) if log is None else log,
         "group": group,
+        "y_range": y_range,
         "xs": xs,
         "series": lines,
     }
@@ -102,9 +105,10 @@ def layer_filter_html(group: str, layers: Sequence[str], shown: Iterable[str]) -
 
 
 def preselect(layers: Sequence[str], first: Iterable[str] = (), k: int = PRESELECTED) -> list[str]:
-    """The ``k`` layers a filter ticks at first: ``first`` (those a finding or a parting names), then
-    layers spread evenly over the depth of the model, so the first, middle and last blocks all show."""
-    chosen = list(dict.fromkeys(layer for layer in first if layer in layers))[:k]
+    """The ``k`` layers a filter ticks at first: up to half of them from ``first`` (the layers findings
+    or partings name, most important first), the rest spread evenly over the depth of the model, so the
+    first, middle and last blocks show too."""
+    chosen = list(dict.fromkeys(layer for layer in first if layer in layers))[: max(k // 2, 1)]
     others = [layer for layer in layers if layer not in chosen]
     n = min(k - len(chosen), len(others))
     return chosen + [others[round(i * (len(others) - 1) / max(n - 1, 1))] for i in range(n)]

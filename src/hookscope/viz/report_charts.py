@@ -85,5 +85,6 @@ def _layer_charts(
     html = layer_filter_html(group, names, preselect(names, named))
     for key, title, log in stats:
         series = [Series(layer, c["step"], c[key], layer=layer) for layer, c in layers.items() if key in c]
-        html += chart_html(title, series, y_label=key, group=group, log=log)
+        fraction = (0.0, 1.0) if key == "dead" else None  # a fraction of units: the whole range
+        html += chart_html(title, series, y_label=key, group=group, log=log, y_range=fraction)
     return html

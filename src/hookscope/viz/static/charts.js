@@ -1,7 +1,7 @@
 /* hookscope charts: line charts for report.html and compare.html, with no dependency and no network.
  *
  * Each chart element (class hs-chart) holds its spec as inline JSON (written by hookscope/viz/charts.py):
- *   {title, x_label, y_label, log, group, xs: [[steps...], ...],
+ *   {title, x_label, y_label, log, group, y_range, xs: [[steps...], ...],
  *    series: [{name, layer, x: index into xs, y: [values...], color, dash, markers}]}
  * A value that is not a number ("nan", "inf") breaks the line. Charts with the same group share one
  * layer filter, an element of class hs-filter holding {group, layers, shown}: ticking a layer shows its series.
@@ -42,7 +42,7 @@
   function format(value) {
     if (typeof value !== "number") return String(value);
     const size = Math.abs(value);
-    if (size !== 0 && (size < 1e-3 || size >= 1e5)) return value.toExponential(2);
+    if (size !== 0 && (size < 1e-3 || size >= 1e5)) return value.toExponential(2).replace(/\.?0+e/, "e");
     return String(Number(value.toPrecision(4)));
   }
 
@@ -140,6 +140,7 @@
           if (this.usable(s.y[i])) { lo = Math.min(lo, s.y[i]); hi = Math.max(hi, s.y[i]); }
         }
       }
+      if (this.spec.y_range && !this.log) return this.spec.y_range;
       if (lo === Infinity) return this.log ? [0.1, 10] : [0, 1];
       if (this.log) return lo === hi ? [lo / 2, hi * 2] : [lo, hi];
       const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
