@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 import hookscope as hs
@@ -185,3 +186,25 @@ def test_a_report_without_history_keeps_its_figures(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"name": "old", "options": {}}))
     page = write_report(tmp_path).read_text()
     assert "hs-chart" not in page and "<script" not in page
+
+
+def test_a_watched_loop_writes_the_history_of_its_logged_losses(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    logged = []
+    with hs.watch(model, opt, quiet=True, path=tmp_path / "run") as w:
+        for _ in range(6):
+            x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+            loss = nn.functional.cross_entropy(model(x), y)
+            w.log(loss)
+            logged.append(loss.item())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    history = read_history(tmp_path / "run")
+    assert history["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+    assert history["loss"]["value"] == pytest.approx(logged, rel=1e-4)
+    assert "lr" not in history and {"0", "2"} <= set(history["gradients"])
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert '"title":"Loss"' in page and '"title":"Gradient norm"' in page
