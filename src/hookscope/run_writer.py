@@ -25,6 +25,7 @@ from hookscope.doctor.record_types import StepStats
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.timing import TimingRecorder
 from hookscope.hooks.summary import Summary
+from hookscope.run_history import write_history
 from hookscope.staged_folder import CONFIG, StagedFolder
 
 KIND = "train"  # the marker kind of a run folder (hookscope inspect writes "inspect" folders)
@@ -72,9 +73,9 @@ def write_watch_folder(
     timing: TimingRecorder | None = None,
 ) -> Path:
     """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
-    versions), findings.json, stats.json, timing.json, the loss and statistics figures and report.html;
-    returns the published folder. An existing run at ``path`` is refused, as by RunFolder without
-    ``overwrite``, and so is a run another live writer is writing there."""
+    versions), findings.json, stats.json, timing.json, history.json, the loss and statistics figures and
+    report.html; returns the published folder. An existing run at ``path`` is refused, as by RunFolder
+    without ``overwrite``, and so is a run another live writer is writing there."""
     folder = StagedFolder.start(path, KIND)  # holds the run's lock (a second writer is refused) till finished
     try:
         command = shlex.join(["python", *sys.argv])
@@ -85,6 +86,7 @@ def write_watch_folder(
             write_or_warn("stats.json", lambda: write_stats(folder.file, activations.latest()))
         if timing is not None:
             write_or_warn("timing.json", lambda: write_timing(folder.file, timing))
+        write_or_warn("history.json", lambda: write_history(folder.file, losses, [], activations, gradients))
         write_or_warn(
             "the figures", lambda: _write_watch_figures(folder.file, losses, activations, gradients, model)
         )

@@ -27,7 +27,7 @@ CHROMIUM_FLAGS = (
     "--v=0",
 )
 
-# Injected into a copy of the report (the report itself has no script): records script errors, failed
+# Injected into a copy of the report (before the report's own script): records script errors, failed
 # resources and console.error calls from the first moment, then writes the image sizes into the DOM.
 PROBE = """<script>
 window.__errors = [];
@@ -89,7 +89,7 @@ def test_report_loads_without_errors_and_every_image_decodes(run_dir, tmp_path):
     probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S).group(1))
     assert probe["errors"] == []
     assert ":CONSOLE" not in done.stderr  # the page itself logs nothing: any console line is a problem
-    assert len(probe["images"]) == len(re.findall(r"<img ", page)) >= 8
+    assert len(probe["images"]) == len(re.findall(r"<img ", page)) >= 6  # the rest are charts
     assert [i["alt"] for i in probe["images"] if i["width"] == 0] == []
 
 
@@ -113,16 +113,19 @@ def test_report_screenshot_is_not_blank(run_dir, tmp_path):
         tmp_path, "--window-size=1280,2000", f"--screenshot={shot}", (run_dir / "report.html").as_uri()
     )
     assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
-    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
+    rgb = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float32)
+    pixels = rgb.mean(axis=2)
     assert pixels.shape == (2000, 1280)
-    assert pixels.std() > 20  # text, tables and figures; a blank page is one flat colour
-    assert (pixels < 128).mean() > 0.01
+    assert pixels.std() > 10  # text, tables, charts and figures; a blank page is one flat colour (std 0)
+    assert (pixels < 128).mean() > 0.005
+    accent = np.abs(rgb - np.array([47, 111, 222])).sum(axis=2) < 60  # the loss and lr lines' blue
+    assert accent.mean() > 0.0005  # the chart script ran and drew
 
 
 def test_report_works_without_network_resources(run_dir):
     page = (run_dir / "report.html").read_text()
     assert not re.findall(r'(?:src|href)="(?:https?:)?//', page)
-    assert "<script" not in page
+    assert not re.findall(r"<script[^>]*\bsrc=", page)  # the chart script is inline
     assert page.count('src="data:image/png;base64,') == len(re.findall(r"<img ", page))
 
 

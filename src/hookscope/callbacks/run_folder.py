@@ -38,6 +38,7 @@ from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.hooks.batch import split_batch
 from hookscope.hooks.summary import summary
 from hookscope.hooks.tensors import map_tensors
+from hookscope.run_history import write_history
 from hookscope.run_reader import Run
 from hookscope.run_writer import (
     KIND,
@@ -213,6 +214,11 @@ class RunFolder(Callback):
         activations = statistics.activations
         if activations is not None:
             write_or_warn("stats.json", lambda: self._write_stats(activations))
+        losses, lrs = self.learn.recorder.losses, self.learn.recorder.lrs
+        write_or_warn(
+            "history.json",
+            lambda: write_history(self.folder.file, losses, lrs, activations, statistics.gradients),
+        )
         preflight = (
             self.preflight if self.preflight is not None else getattr(doctor, "preflight_findings", None)
         )

@@ -1,9 +1,10 @@
 """``hs.compare_runs(a, b)`` and ``hookscope compare RUN_A RUN_B``: two run folders on one page.
 
-The page, ``compare.html``, is self-contained like ``report.html`` (figures inline, the same style sheet,
-no network): where the runs part and the evidence for it, their config differences, their metric curves
-overlaid, every layer's first parting step per kind of statistic, and each run's findings. What "part"
-means is in :mod:`hookscope.viz.run_diff`.
+The page, ``compare.html``, is self-contained like ``report.html`` (figures, style sheet and chart script
+inline, no network): where the runs part and the evidence for it, their config differences, their metric
+curves overlaid, every layer's first parting step per kind of statistic with both runs' series as
+interactive charts (hover, zoom, a layer filter), and each run's findings. What "part" means is in
+:mod:`hookscope.viz.run_diff`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.atomic import atomic_write_text
+from hookscope.viz.charts import Series, chart_html, layer_filter_html, page_head, preselect, rows_series
 from hookscope.viz.report import _fmt, _layer, _page, _section, _severity, _table
 from hookscope.viz.run_diff import NOISE_MULTIPLE, Parting, RunComparison, RunData, diff_runs, read_run
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 PAGE = "compare.html"
@@ -51,7 +51,7 @@ def write_compare_page(comparison: RunComparison, out: str | Path) -> Path:
         _section("Per-layer statistics", _LAYERS_LEAD, _layers_body(comparison)),
         _section("Findings", "What the doctor found in each run.", _findings_body(a, b)),
     ]
-    page = _page(f"hookscope: {a.name} vs {b.name}", "\n".join(body))
+    page = _page(f"hookscope: {a.name} vs {b.name}", "\n".join(body), head=page_head())
     return atomic_write_text(Path(out) / PAGE, page)
 
 
@@ -115,7 +115,7 @@ def _metrics_body(a: RunData, b: RunData) -> str:
         [html.escape(k), html.escape(_fmt(last[0].get(k))), html.escape(_fmt(last[1].get(k)))] for k in keys
     ]
     table = _table(["last epoch", "A", "B"], rows, {1, 2}, "metrics")
-    return _figure_html(_metrics_figure(a, b), "Loss and metrics of both runs") + table
+    return _metric_charts(a, b) + table
 
 
 def _layers_body(comparison: RunComparison) -> str:
@@ -133,7 +133,8 @@ def _layers_body(comparison: RunComparison) -> str:
         + [html.escape(_fmt(first.get((kind, layer)))) if (kind, layer) in first else "—" for kind in kinds]
         for layer in layers
     ]
-    return _table(["layer", *kinds], rows, set(range(1, len(kinds) + 1)), "layers")
+    table = _table(["layer", *kinds], rows, set(range(1, len(kinds) + 1)), "layers")
+    return table + _layer_charts(comparison, kinds)
 
 
 def _findings_body(a: RunData, b: RunData) -> str:
@@ -165,37 +166,48 @@ def _findings_body(a: RunData, b: RunData) -> str:
 # ------------------------------------------------------------------------------------------------ figures
 
 
-def _metrics_figure(a: RunData, b: RunData) -> Figure:
-    from matplotlib.figure import Figure  # matplotlib loads when a figure is drawn
-
+def _metric_charts(a: RunData, b: RunData) -> str:
+    """The loss (per logged step, and validation per epoch) and the metrics per epoch of both runs."""
     metrics = [k for k in dict.fromkeys(k for r in [*a.metrics, *b.metrics] for k in r) if _is_metric(k)]
-    fig = Figure(figsize=(11, 3.8))
-    loss_ax, metric_ax = fig.subplots(1, 2)
-    for run, color in zip((a, b), COLORS, strict=True):
-        style = "-" if run is a else "--"
+    losses, others = [], []
+    for label, run, color in (("A", a, COLORS[0]), ("B", b, COLORS[1])):
+        style = {"color": color, "dash": run is b}
         steps = [r for r in run.metrics if r.get("kind") == "step"]
         epochs = [r for r in run.metrics if r.get("kind") == "epoch"]
-        _plot(loss_ax, steps, "train_loss", f"{run.name} train", color, style, marker=".")
-        _plot(loss_ax, epochs, "valid_loss", f"{run.name} valid", color, style, marker="o")
-        for key in metrics:
-            _plot(metric_ax, epochs, key, f"{run.name} {key}", color, style, marker="o")
-    loss_ax.set(xlabel="step", ylabel="loss", title="Loss")
-    metric_ax.set(xlabel="step", title="Metrics per epoch")
-    for ax in (loss_ax, metric_ax):
-        if ax.lines:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+        losses.append(rows_series(f"{label} train", steps, "train_loss", **style))
+        losses.append(rows_series(f"{label} valid", epochs, "valid_loss", markers=True, **style))
+        others += [rows_series(f"{label} {key}", epochs, key, markers=True, **style) for key in metrics]
+    charts = chart_html("Loss", [s for s in losses if s.steps], y_label="loss")
+    if any(s.steps for s in others):
+        charts += chart_html("Metrics per epoch", [s for s in others if s.steps], y_label="metric", log=False)
+    return charts
 
 
-def _plot(
-    ax: Axes, rows: Sequence[dict[str, Any]], key: str, label: str, color: str, style: str, marker: str = ""
-) -> None:
-    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and "step" in r]
-    if points:
-        ax.plot(
-            *zip(*points, strict=True), style, color=color, marker=marker or None, markersize=4, label=label
-        )
+def _layer_charts(comparison: RunComparison, kinds: list[str]) -> str:
+    """Both runs' series of every layer, one chart per kind and statistic, under one layer filter (the
+    layers that part first are ticked). A parameter's series belong to its layer (its module)."""
+    a, b = comparison.a, comparison.b
+    layer_of = {key: key[0] if key[1] else key[0].rpartition(".")[0] for k in kinds for key in a.layers[k]}
+    layers = list(dict.fromkeys(layer_of.values()))
+    parting = [layer_of.get((p.layer, p.stat), p.layer) for p in comparison.partings]
+    charts = layer_filter_html("compare", layers, preselect(layers, parting))
+    for kind in kinds:
+        for stat in dict.fromkeys(stat for _, stat in a.layers[kind]):
+            series = [
+                Series(
+                    f"{label}: {key[0]}",
+                    run.layers[kind][key].steps,
+                    run.layers[kind][key].values,
+                    layer=layer_of[key],
+                    dash=run is b,
+                )
+                for key in a.layers[kind]
+                if key[1] == stat and key in b.layers[kind]
+                for label, run in (("A", a), ("B", b))
+            ]
+            title = f"{kind} {stat}".strip()
+            charts += chart_html(title[0].upper() + title[1:], series, y_label=stat or kind, group="compare")
+    return charts
 
 
 def _parting_figure(comparison: RunComparison, firsts: list[Parting]) -> Figure:

@@ -1,11 +1,12 @@
-"""The run report: one self-contained HTML file built from a run folder; no network, no JavaScript needed.
+"""The run report: one self-contained HTML file built from a run folder; no network.
 
 Everything comes from the files of the run folder (``config.json``, ``metrics.jsonl``, ``findings.json``,
-``summary.json``, ``stats.json``, ``timing.json``, ``figures/*.png``), so ``hookscope report RUN_DIR`` can
-rebuild the report at any time. Figures are embedded as ``data:`` URIs and the style sheet is inline: the file
-can be mailed, attached to an issue or opened from a laptop with no network. A figure is placed in its section
-by the start of its file name (``loss*.png`` under "Training curves", ``feature_maps*.png`` under "Feature
-maps"...).
+``summary.json``, ``stats.json``, ``timing.json``, ``history.json``, ``figures/*.png``), so ``hookscope report
+RUN_DIR`` can rebuild the report at any time. Figures are embedded as ``data:`` URIs, the style sheet and the
+chart script are inline: the file can be mailed, attached to an issue or opened from a laptop with no network.
+A figure is placed in its section by the start of its file name (``loss*.png`` under "Training curves",
+``feature_maps*.png`` under "Feature maps"...). Where history.json or metrics.jsonl has the data, a section
+shows interactive charts (:mod:`hookscope.viz.report_charts`) instead of the figure drawn from it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from typing import Any
 
 from hookscope._deprecation import renamed_keywords
 from hookscope.atomic import atomic_write_text
+from hookscope.run_history import read_history
 from hookscope.run_reader import REPORT, read_metrics
+from hookscope.viz.charts import page_head
+from hookscope.viz.report_charts import SectionCharts, report_charts
 
 WIDE_ASPECT = 2.4  # figures wider than this (loss + metrics side by side) take the whole row
 
@@ -108,9 +112,10 @@ def write_report(path: str | Path) -> Path:
     stats = _read_json(run_dir / "stats.json", [])
     # finding_NN.png: the evidence of the NN-th finding, drawn in the findings table beside it
     figures = [f for f in sorted((run_dir / "figures").glob("*.png")) if not f.stem.startswith("finding_")]
+    charts = report_charts(read_history(run_dir), rows, findings or [])
     body = [
         _header(config, rows, summary),
-        *_figure_sections(figures, config, summary),
+        *_figure_sections(figures, config, summary, charts),
         _preflight_section(_read_json(run_dir / "preflight.json", None)),
         _findings_section(findings, run_dir / "figures"),
         _performance_section(_read_json(run_dir / "timing.json", None)),
@@ -121,7 +126,7 @@ def write_report(path: str | Path) -> Path:
         _config_section(config),
     ]
     title = f"hookscope report: {config.get('name') or run_dir.name}"  # not the .NAME.partial folder
-    page = _page(title, "\n".join(body))
+    page = _page(title, "\n".join(body), head=page_head() if charts else "")
     return atomic_write_text(run_dir / REPORT, page)
 
 
@@ -141,11 +146,12 @@ def write_feature_map_index(path: str | Path, layers: Iterable[tuple[str, str, s
     return atomic_write_text(folder / "index.html", _page(title, body))
 
 
-def _page(title: str, body: str) -> str:
+def _page(title: str, body: str, head: str = "") -> str:
+    """The page around ``body``; ``head``: more of the head (the charts' style and script)."""
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n"
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n{head}</head>\n"
         f"<body>\n<main>\n{body}\n</main>\n</body>\n</html>\n"
     )
 
@@ -201,14 +207,18 @@ def _is_final_metric(key: str) -> bool:
     return key not in ("kind", "epoch", "step", "time", "lr")
 
 
-def _figure_sections(figures: list[Path], config: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+def _figure_sections(
+    figures: list[Path], config: dict[str, Any], summary: dict[str, Any], charts: dict[str, SectionCharts]
+) -> list[str]:
     placed: set[Path] = set()
     sections = []
     for title, prefixes, lead in SECTIONS:
         mine = [f for f in figures if f.stem.startswith(prefixes)]
         placed.update(mine)
-        body = _figures_html(mine) if mine else _missing(title, config, summary)
-        sections.append(_section(title, lead, body))
+        interactive = charts.get(title, SectionCharts("", ()))
+        mine = [f for f in mine if f.stem not in interactive.replaces]
+        body = interactive.html + (_figures_html(mine) if mine else "")
+        sections.append(_section(title, lead, body or _missing(title, config, summary)))
     others = [f for f in figures if f not in placed]
     if others:
         sections.append(_section("Other figures", "", _figures_html(others)))
