@@ -162,3 +162,20 @@ def test_a_causes_symptoms_are_shown_nested_under_it(tmp_path):
     cause, symptom = page.index("zero_grad is missing"), page.index("the loss diverged")
     assert cause < symptom
     assert "explained by <code>stale_gradients</code> above:</span> the loss diverged" in page
+
+
+def test_past_the_first_twenty_findings_the_evidence_plot_is_named_not_embedded(tmp_path):
+    """A model with a hundred findings would otherwise weigh over 10 MB of inline PNGs."""
+    from hookscope.viz.report import EMBEDDED_EVIDENCE
+
+    count = EMBEDDED_EVIDENCE + 5
+    finding = {"kind": "dead_units", "severity": "warning", "message": "units are dead"}
+    findings = [dict(finding, module=f"fc{i}", step=i) for i in range(count)]
+    (tmp_path / "findings.json").write_text(json.dumps(findings))
+    (tmp_path / "figures").mkdir()
+    for i in range(count):
+        Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "figures" / f"finding_{i:02d}.png")
+    page = write_report(tmp_path).read_text()
+    assert page.count("<img ") == EMBEDDED_EVIDENCE
+    assert f"(plot: <code>figures/finding_{count - 1:02d}.png</code>)" in page
+    assert "finding_00.png</code>" not in page

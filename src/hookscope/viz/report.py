@@ -101,6 +101,9 @@ pre { background: var(--panel); padding: 10px; border-radius: 8px; overflow: aut
 """
 
 
+EMBEDDED_EVIDENCE = 20  # findings whose evidence plot is drawn in the page; the others name their file
+
+
 @renamed_keywords(run_dir="path")
 def write_report(path: str | Path) -> Path:
     """Build ``path/report.html`` from the files of the run folder ``path`` and return its path."""
@@ -284,7 +287,7 @@ def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> s
             html.escape(_fmt(f.get("step", ""))),
             _symptom_of(causes.get((f.get("kind"), f.get("module"))))
             + html.escape(str(f.get("message", "")))
-            + _evidence(figures / f"finding_{i:02d}.png"),
+            + _evidence(figures / f"finding_{i:02d}.png", embed=i < EMBEDDED_EVIDENCE),
         ]
         for i, f in enumerate(findings)
     ]
@@ -301,9 +304,14 @@ def _symptom_of(cause: str | None) -> str:
     return f'<span class="note">&#8627; explained by <code>{html.escape(cause)}</code> above:</span> '
 
 
-def _evidence(png: Path) -> str:
-    """The finding's evidence figure, when the run drew one."""
-    return _figures_html([png]) if png.is_file() else ""
+def _evidence(png: Path, embed: bool) -> str:
+    """The finding's evidence figure, when the run drew one: inline, or named past the first
+    :data:`EMBEDDED_EVIDENCE` findings (a page of a hundred findings would weigh over 10 MB)."""
+    if not png.is_file():
+        return ""
+    if embed:
+        return _figures_html([png])
+    return f' <span class="note">(plot: <code>figures/{html.escape(png.name)}</code>)</span>'
 
 
 def _preflight_section(findings: list[dict[str, Any]] | None) -> str:
