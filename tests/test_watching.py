@@ -1,6 +1,7 @@
 """hs.watch in a hand-written loop: the Learner's diagnosis, one step per optimizer step, no hook left."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -274,6 +275,17 @@ def test_report_writes_the_run_folder_and_report(tmp_path):
     assert "100% of units dead" in (out / "report.html").read_text()
     with pytest.raises(hs.staged_folder.RunFolderError, match="already holds"):
         hs.watch(nn.Linear(2, 2), path=out)  # refused before training, as RunFolder does
+
+
+def test_a_watch_holds_its_run_folder_from_start_to_close(tmp_path):
+    """A second writer (another watch, a RunFolder) is refused while the first trains, not at its close."""
+    out = tmp_path / "run"
+    first = hs.watch(nn.Linear(2, 2), path=out)
+    with pytest.raises(hs.staged_folder.RunFolderBusyError, match=f"in use by pid {os.getpid()}"):
+        hs.watch(nn.Linear(3, 3), path=out)
+    first.close()
+    assert json.loads((out / "config.json").read_text())["status"] == "complete"
+    assert not list(tmp_path.glob(".*.lock"))  # released: the folder is a finished run now
 
 
 def _readme_block(marker):

@@ -24,6 +24,7 @@ from hookscope.doctor.findings import Finding, ranked
 from hookscope.doctor.record_types import StepStats
 from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.timing import TimingRecorder
+from hookscope.folder_lock import FolderLock
 from hookscope.hooks.summary import Summary
 from hookscope.run_history import write_history
 from hookscope.staged_folder import CONFIG, StagedFolder
@@ -71,12 +72,14 @@ def write_watch_folder(
     losses: list[float],
     model: torch.nn.Module,
     timing: TimingRecorder | None = None,
+    lock: FolderLock | None = None,
 ) -> Path:
     """The run folder of an ``hs.watch`` (no Learner): config.json (``config`` plus name, command and
     versions), findings.json, stats.json, timing.json, history.json, the loss and statistics figures and
     report.html; returns the published folder. An existing run at ``path`` is refused, as by RunFolder
-    without ``overwrite``, and so is a run another live writer is writing there."""
-    folder = StagedFolder.start(path, KIND)  # holds the run's lock (a second writer is refused) till finished
+    without ``overwrite``, and so is a run another live writer is writing there. ``lock``: the run's writer
+    lock when the caller took it at the run's start (released here)."""
+    folder = StagedFolder.start(path, KIND, lock=lock)  # holds the run's lock till finished
     try:
         command = shlex.join(["python", *sys.argv])
         facts = {"name": folder.final.name, "command": command, "versions": versions()}

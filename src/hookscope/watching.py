@@ -129,7 +129,9 @@ class Watch:
         self.options: dict[str, Any] = dict(model=type(model).__name__, doctor=doctor, stats=stats)
         self.options |= dict(guard=guard, every=every, check_every=check_every, select=repr(select))
         self.step = 0
-        self.report_path = _check_report_folder(path) if path is not None else None
+        # the run folder's writer lock, held from here to the folder's write at close (one writer per folder)
+        self._report_lock = _lock_report_folder(path) if path is not None else None
+        self.report_path = Path(path) if path is not None else None
         self._engine = None
         if stats:
             settings = dict(select=select, every=every, check_every=check_every, thresholds=thresholds)
@@ -370,9 +372,7 @@ class Watch:
             warnings.warn(f"hs.watch: the final check failed ({type(err).__name__}: {err})", stacklevel=3)
 
     def _write_report(self, exc: BaseException | None) -> None:
-        from hookscope.run_writer import write_watch_folder  # matplotlib loads only when a report is asked
-
-        assert self.report_path is not None
+        assert self.report_path is not None and self._report_lock is not None
         status = "complete" if exc is None else "stopped" if isinstance(exc, NonFiniteError) else "failed"
         config = {
             "source": "hs.watch",
@@ -387,6 +387,14 @@ class Watch:
         if exc is not None:
             config["error"] = f"{type(exc).__name__}: {exc}"
         engine = self._engine
+        try:
+            self._write_folder(config, engine)
+        finally:
+            self._report_lock.release()  # also when the write was refused
+
+    def _write_folder(self, config: dict[str, Any], engine: Any) -> None:
+        from hookscope.run_writer import write_watch_folder  # matplotlib loads only when a report is asked
+
         write_watch_folder(
             self.report_path,
             config,
@@ -396,6 +404,7 @@ class Watch:
             [value for _, value in engine.loss_history] if engine is not None else [],
             self.model,
             engine.timing if engine is not None and engine.diagnose_enabled else None,
+            lock=self._report_lock,
         )
 
 
@@ -414,9 +423,15 @@ def _refuse_bad_arguments(model: Any, optimizer: Any, doctor: bool, stats: bool)
         )
 
 
-def _check_report_folder(report: str | Path) -> Path:
-    """Refuse a report folder RunFolder would refuse, now rather than after training."""
+def _lock_report_folder(report: str | Path) -> Any:
+    """Take the run folder's writer lock and refuse a folder RunFolder would refuse, now rather than after
+    training; the lock is held until the folder is written (or the process ends)."""
     from hookscope.staged_folder import StagedFolder
 
-    StagedFolder.check_start(report, "train")
-    return Path(report)
+    lock = StagedFolder.acquire(StagedFolder.lock_for(report))
+    try:
+        StagedFolder.check_start(report, "train", lock=lock)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
