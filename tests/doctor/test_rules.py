@@ -12,6 +12,7 @@ from hookscope.doctor.findings import Thresholds
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.rules import (
     DIVERGENCE_NOISE,
+    NOISE_MIN,
     NOISE_SPAN,
     DivergenceScan,
     OutputShapes,
@@ -80,19 +81,31 @@ def test_a_rise_within_the_batch_noise_of_a_loss_near_zero_is_no_divergence():
     assert steep.step == 3
 
 
+def test_a_blow_up_that_falls_back_is_a_divergence_its_own_rise_being_no_noise():
+    # an MLP on digits with SGD at lr 10 (tests/integrations/optuna_support.py): the loss shoots up to
+    # 741 in four steps and falls back near chance with 97% of the units dead; a noise measured over the
+    # rise itself (median change 62) hid it
+    blow_up = [2.36, 8.06, 76.4, 131.3, 740.8, 4.54, 4.12, 3.16, 2.70, 2.71, 2.77, 2.47, 2.34, 2.44, 2.41]
+    (finding,) = loss_divergence(list(enumerate(blow_up)), TH)
+    assert finding.step == 4 and finding.severity == "error"
+    late = [*NEAR_ZERO[:20], 0.5, 1.0, 2.0, 2.5, 3.0, 0.2, 0.1]  # after a measured noise: the same verdict
+    assert [f.step for f in loss_divergence(list(enumerate(late)), TH)] == [21]
+
+
 def _first_divergence(values, window=3, factor=4.0, noise=DIVERGENCE_NOISE):
     """The rule's definition, written plainly over the whole history: the step of the first smoothed
     loss above ``factor`` x the best smoothed loss until then, and above the first one by more than
-    ``noise`` x the median change between consecutive losses among the last NOISE_SPAN until then."""
+    ``noise`` x the median change between consecutive losses among the last NOISE_SPAN until then, less
+    the ``window`` changes of the rise itself (fewer than NOISE_MIN left: the ratio to the best alone)."""
     if len(values) < 2 * window or not all(math.isfinite(v) for v in values):
         return None
     means = [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]
     changes = [abs(b - a) for a, b in itertools.pairwise(values)]
     for i, mean in enumerate(means):
         end = i + window - 1  # the step of this mean's last loss: changes[end - 1] is its change
-        recent = changes[max(0, end - NOISE_SPAN) : end]
-        batch_noise = statistics.median(recent) if recent else 0.0
-        if mean > factor * min(means[: i + 1]) and mean - means[0] > noise * batch_noise:
+        before = changes[max(0, end - NOISE_SPAN) : end][:-window]
+        rose = len(before) < NOISE_MIN or mean - means[0] > noise * statistics.median(before)
+        if mean > factor * min(means[: i + 1]) and rose:
             return end
     return None
 

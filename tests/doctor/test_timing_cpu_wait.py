@@ -52,6 +52,8 @@ def test_sharing_one_core_with_a_busy_process_is_waiting_and_sleeping_is_not():
         os.sched_setaffinity(0, cores)
         wait.close()
     assert slept < 0.5 * 0.2  # asleep, the thread waits for no core
+    if shared < 0.4 / 0.8:  # it had its core to itself: affinity is not enforced (a sandbox)
+        pytest.skip(f"the pinned thread ran {0.4 / shared:.0%} of the time: this kernel shares no core")
     assert waited > 0.25 * shared  # two busy threads on one core: each waits about half the time
 
 
@@ -89,6 +91,7 @@ def test_a_worker_thread_kept_from_its_core_is_the_steps_wait():
         busy(0.4)
 
     wait = CpuWait()
+    wait.choose()  # the CPU each thread used so far (this process's earlier tests) counts for nothing
     thread = threading.Thread(target=worker)
     rival = subprocess.Popen(
         [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
@@ -97,7 +100,7 @@ def test_a_worker_thread_kept_from_its_core_is_the_steps_wait():
         thread.start()
         started.wait()
         time.sleep(0.1)
-        wait.choose()  # the worker has used the most CPU: it is followed
+        wait.choose()  # the worker has used the most CPU since: it is followed
         wait.take()
         start = time.perf_counter()
         thread.join()  # the training thread sleeps while the worker shares its core
@@ -107,4 +110,6 @@ def test_a_worker_thread_kept_from_its_core_is_the_steps_wait():
         rival.kill()
         rival.wait()
         wait.close()
+    if shared < 0.4 / 0.8:  # it had its core to itself: affinity is not enforced (a sandbox)
+        pytest.skip(f"the pinned thread ran {0.4 / shared:.0%} of the time: this kernel shares no core")
     assert waited > 0.25 * shared

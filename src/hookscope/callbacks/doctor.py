@@ -154,14 +154,14 @@ class Doctor(Callback):
     # ---- events ----------------------------------------------------------------------------------------
 
     def before_fit(self) -> None:
+        # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
+        self.engine.quiet = self.quiet or not distributed.is_rank_zero()
+        if not self._started and self.learn.resumed_from is None:
+            self._check_data()  # before the engine's hooks: preflight trains a copy of the model
         self.engine.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
         self.engine.watch_loader(self.learn.dls.train)
         if self.profile and not self._started:
             self.engine.timing.profile_layers()
-        # under torchrun every rank finds the same (reduced statistics); rank 0 prints them
-        self.engine.quiet = self.quiet or not distributed.is_rank_zero()
-        if not self._started and self.learn.resumed_from is None:
-            self._check_data()
         self._started = True
 
     def _check_data(self) -> None:

@@ -322,6 +322,9 @@ DIVERGENCE_NOISE = 6.0
 """How many times its batch-to-batch noise the smoothed loss must rise above its start to diverge."""
 NOISE_SPAN = 64
 """The recent losses whose changes from one to the next measure the loss's noise."""
+NOISE_MIN = 8
+"""Changes before the rising window needed to measure the noise; with fewer (a rise in the first steps) the
+ratio to the best loss decides alone."""
 
 
 class DivergenceScan:
@@ -336,13 +339,15 @@ class DivergenceScan:
     times the loss's batch-to-batch noise, once the history holds two windows, and nothing once a loss
     was not finite (that is the guard's business).
 
-    The noise is the median change from one loss to the next over the last :data:`NOISE_SPAN` losses
-    (about the standard deviation of a loss around its level, whatever its trend; the median, so that
-    the rise itself does not count as noise). A ratio to the best alone is no evidence near zero: a
-    pretrained model fine-tuned at lr 1e-5 has losses 0.01..0.4 from batch to batch (a batch's loss is
-    carried by its one or two errors), so its smoothed loss swings 4-6x between its luckiest and its
-    unluckiest windows without moving at all — measured, a rise of at most 3.1 times its noise; a
-    learning rate 1,000x too high (loss 2.3, 13.5, 34, 791) rises 12.6 times its noise.
+    The noise is the median change from one loss to the next over the last :data:`NOISE_SPAN` losses before
+    the rising window (about the standard deviation of a loss around its level, whatever its trend; the rise
+    itself is no noise: a learning rate of 10 on an MLP, losses 2.4, 8.1, 76, 131, 741, counts as noise only
+    its first change). A rise in the first steps, with fewer than :data:`NOISE_MIN` changes before it, is
+    judged by the ratio to the best alone. A ratio to the best alone is no evidence near zero: a pretrained
+    model fine-tuned at lr 1e-5 has losses 0.01..0.4 from batch to batch (a batch's loss is carried by its one
+    or two errors), so its smoothed loss swings 4-6x between its luckiest and its unluckiest windows without
+    moving at all — measured, a rise of at most 3.1 times its noise; a learning rate 1,000x too high (loss
+    2.3, 13.5, 34, 791) rises 12.6 times its noise.
     """
 
     def __init__(self, window: int, factor: float, noise: float = DIVERGENCE_NOISE) -> None:
@@ -372,13 +377,19 @@ class DivergenceScan:
             if mean <= self.factor * self._best:
                 continue
             noise = self._batch_noise()
-            if mean - self._start > self.noise * noise:
-                self._first = (step, mean, self._best, noise)
+            if self._rose(mean, noise):
+                self._first = (step, mean, self._best, noise or 0.0)
 
-    def _batch_noise(self) -> float:
-        """The median change from one loss to the next, over the last ``NOISE_SPAN`` losses (read only
-        when the loss rose ``factor`` x its best: a median of 64 numbers, rarely)."""
-        return statistics.median(self._changes) if self._changes else 0.0
+    def _rose(self, mean: float, noise: float | None) -> bool:
+        """Above the start by more than the noise explains (with no noise measured yet, the rise to
+        ``factor`` x the best, already seen, decides)."""
+        return noise is None or mean - self._start > self.noise * noise
+
+    def _batch_noise(self) -> float | None:
+        """The median change from one loss to the next over the last ``NOISE_SPAN`` losses before the
+        window (None: fewer than ``NOISE_MIN``); read only when the loss rose ``factor`` x its best."""
+        before = list(self._changes)[: -self.window]
+        return statistics.median(before) if len(before) >= NOISE_MIN else None
 
     def findings(self) -> list[Finding]:
         if self._first is None or not self._finite or self.seen < 2 * self.window:

@@ -26,6 +26,7 @@ class CpuWait:
     def __init__(self) -> None:
         self._files: dict[int, int] = {}  # thread id -> open schedstat file
         self._last: dict[int, tuple[int, int]] = {}  # thread id -> (cpu ns, wait ns) at the last read
+        self._cpu_at_choice: dict[int, int] = {}  # thread id -> cpu ns at the last choice
         self._main: int | None = None
         self._missing = not os.path.isdir(_TASKS)
 
@@ -35,11 +36,9 @@ class CpuWait:
             return
         if self._main is None:
             self._main = threading.get_native_id()
-        used = {}
-        for name in os.listdir(_TASKS):
-            now = _read_path(int(name))
-            if now is not None:
-                used[int(name)] = now[0] - self._last.get(int(name), (0, 0))[0]
+        cpu = {tid: now[0] for tid in map(int, os.listdir(_TASKS)) if (now := _read_path(tid)) is not None}
+        used = {tid: ns - self._cpu_at_choice.get(tid, 0) for tid, ns in cpu.items()}
+        self._cpu_at_choice = cpu  # every thread's, so that a long-lived pool's past does not count
         others = sorted((tid for tid in used if tid != self._main), key=used.__getitem__, reverse=True)
         chosen = {self._main, *others[:BUSIEST]}
         for tid in set(self._files) - chosen:
@@ -67,7 +66,7 @@ class CpuWait:
     def close(self) -> None:
         for fd in self._files.values():
             os.close(fd)
-        self._files, self._last, self._main = {}, {}, None
+        self._files, self._last, self._cpu_at_choice, self._main = {}, {}, {}, None
 
 
 def _read(fd: int) -> tuple[int, int]:

@@ -51,12 +51,22 @@ def model_fingerprint(model: nn.Module) -> str:
     """The model's class and every module's name and class, hashed: its structure, not its weights nor
     its parameter shapes (pruning may compact them during a run; the weights check catches a misfit)."""
     lines = [
-        f"{name}:{type(module).__name__.removeprefix('Parametrized')}"
+        f"{name}:{_class_name(module)}"
         for name, module in model.named_modules()
         if "parametrizations" not in name.split(".")
     ]
     digest = hashlib.sha1("\n".join(lines).encode()).hexdigest()[:12]
-    return f"{type(model).__name__}-{digest}"
+    return f"{_class_name(model)}-{digest}"
+
+
+def _class_name(module: nn.Module) -> str:
+    """The user's class: parametrization (``ParametrizedLinear(Linear)``) and FSDP2 (``fully_shard``
+    makes ``FSDPLinear(FSDPModule, Linear)``) swap a module's class for a subclass of it, whose last base
+    is the user's; a checkpoint of 2 sharded ranks resumes in one plain process."""
+    cls = type(module)
+    if cls.__name__.startswith(("Parametrized", "FSDP")) and cls.__bases__:
+        return cls.__bases__[-1].__name__
+    return cls.__name__
 
 
 def loader_fingerprint(loader: Any) -> dict[str, Any] | None:
