@@ -44,3 +44,15 @@ def test_growth_needs_every_recent_run_to_rise():
     assert finding.evidence["runs_out_at"] == steps[-1] + int(
         (8 * 1024 * MB - late[-1]) / finding.evidence["bytes_per_step"]
     )
+
+
+def test_a_sawtooth_whose_every_run_climbs_but_the_whole_does_not_is_no_growth():
+    """Each run of samples rises (a buffer filling), then a release falls below where it began."""
+    from hookscope.doctor.timing.memory_growth import SEGMENT, SEGMENTS, memory_growth
+
+    runs = SEGMENTS + 2
+    steps = np.arange(runs * SEGMENT) * 4
+    values = np.concatenate([400e6 - 4e6 * r + np.arange(SEGMENT) * 4e5 for r in range(runs)])
+    assert memory_growth(steps, values, "process memory", "the machine's", 2**34) is None
+    climbing = 400e6 + np.arange(runs * SEGMENT) * 4e5
+    assert memory_growth(steps, climbing, "process memory", "the machine's", 2**34) is not None

@@ -59,7 +59,9 @@ def growth_start(steps: np.ndarray, values: np.ndarray) -> int | None:
 def memory_growth(steps: np.ndarray, values: np.ndarray, what: str, where: str, total: int) -> Finding | None:
     """The finding when the memory samples ``(steps, values)`` have grown in every recent run."""
     start = growth_start(steps, values)
-    if start is None:
+    # every recent run rises, and so must the whole: a sawtooth (each run climbing, a release between
+    # them, as the allocator trims) stays where it was
+    if start is None or not _rises(steps[start:], values[start:]):
         return None
     clear = _clear_at(steps, values, start)
     fit = slice(max(start, len(steps) - FIT), len(steps))
