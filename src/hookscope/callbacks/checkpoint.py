@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from hookscope._deprecation import renamed_keywords
+from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE
 from hookscope.folder_lock import FolderLock
 from hookscope.train import distributed
 from hookscope.train.callback import Callback
@@ -161,7 +162,7 @@ class Checkpoint(Callback):
         """Write ``ckpt-<step>.pt``, point ``last.pt`` at it, drop numbered files beyond ``keep_last``; the
         Doctor, when there is one, is told (a slow step then names the save)."""
         if hasattr(doctor := getattr(self.learn, "doctor", None), "note"):
-            doctor.note("checkpoint save")
+            doctor.note(CHECKPOINT_SAVE)
         path = self.dir / f"ckpt-{position.training_step:08d}.pt"
         path = save_learner(self.learn, path, position, sharded=self.sharded)
         self._last_saved_step = position.training_step

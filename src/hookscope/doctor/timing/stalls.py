@@ -141,6 +141,9 @@ def isolated(stalls: list[Stall]) -> list[Stall]:
     return [s for s in stalls if s.step - 1 not in steps and s.step + 1 not in steps]
 
 
+CHECKPOINT_SAVE = "checkpoint save"  # the note a Checkpoint callback leaves on the step it saves in
+
+
 def step_stalls(
     stalls: list[Stall], steps: np.ndarray, rows: np.ndarray, epoch_length: int | None
 ) -> Finding | None:
@@ -157,11 +160,14 @@ def step_stalls(
     periodic = every is not None and len(recent) >= MIN_PERIODIC and share >= PERIODIC_SHARE
     if not periodic and (len(recent) < MIN_STALLS or share < SHARE):
         return None
+    # stalls that are all the run's own checkpoint saves are the price of a choice the user made: a fact
+    # worth knowing (info), not a fault
+    saves = all(CHECKPOINT_SAVE in s.notes for s in recent)
     return Finding(
         "step_stalls",
         "",
         recent[-1].step,
-        "warning",
+        "info" if saves else "warning",
         _message(recent, share, every, epoch_length, len(steps)),
         _evidence(recent, share, every),
     )
