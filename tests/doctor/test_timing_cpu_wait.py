@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from hookscope.doctor.timing.cpu_wait import CpuWait
 from hookscope.doctor.timing.phases import COLUMNS, DATA, WAIT
@@ -57,25 +58,59 @@ def test_sharing_one_core_with_a_busy_process_is_waiting_and_sleeping_is_not():
     assert waited > 0.25 * shared  # two busy threads on one core: each waits about half the time
 
 
+WAITS = {"wait": 0.3, "busy machine": 0.12, "loop": 0.0, "loop, a little busy": 0.04}
+
+
 def rows(n, stalled, where):
-    """``n`` steps of 10 ms; the ``stalled`` ones 300 ms longer, the extra time in ``where``."""
+    """``n`` steps of 10 ms; the ``stalled`` ones 300 ms longer, the extra time in ``where`` (of which
+    :data:`WAITS` seconds are the threads' wait for a core); on a busy machine every step waited."""
     table = np.zeros((n, len(COLUMNS)))
     table[:, DATA] = 0.010
+    if where == "busy machine":
+        table[:, DATA], table[:, WAIT] = 0.020, 0.008
     for i in stalled:
         table[i, DATA] += 0.3
-        if where == "wait":
-            table[i, WAIT] = 0.3
+        table[i, WAIT] += WAITS[where]
     return table
 
 
 def test_a_step_the_machine_slowed_is_no_stall_and_one_the_loop_slowed_is():
+    """The machine's step: its threads waited (``wait``), or every step waits for a core while an
+    intra-op pool computes (their waits, each thread's own, no longer tell the machine's part); the
+    loop's: a sleep, with or without a little wait, and any stall of one thread on a busy machine (its
+    own time is exact)."""
     steps = np.arange(120)
-    for where, found in (("wait", []), ("loop", [30, 55, 80, 105])):
+    stalls = [30, 55, 80, 105]
+    cases = (
+        ("wait", False, []),
+        ("busy machine", True, []),
+        ("busy machine", False, stalls),
+        ("loop", False, stalls),
+        ("loop, a little busy", True, stalls),
+    )
+    for where, parallel, found in cases:
         detector = StallDetector()
-        table = rows(120, [30, 55, 80, 105], where)
+        table = rows(120, stalls, where)
         for end in range(20, 121):
-            detector.judge(steps[:end], table[:end], 1 if end > 20 else 20, {})
-        assert [s.step for s in detector.stalls] == found
+            detector.judge(steps[:end], table[:end], 1 if end > 20 else 20, {}, parallel=parallel)
+        assert [s.step for s in detector.stalls] == found, (where, parallel)
+
+
+@needs_schedstat
+def test_it_tells_an_intra_op_pool_from_one_thread():
+    x = torch.randn(400, 400)
+    seen, before = {}, torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        wait = CpuWait()
+        wait.choose()
+        for _ in range(100):
+            x @ x
+        wait.choose()
+        seen[threads] = wait.parallel
+        wait.close()
+    torch.set_num_threads(before)
+    assert seen == {1: False, 2: True}
 
 
 @needs_schedstat

@@ -8,6 +8,8 @@ training thread waits for its intra-op threads (a parallel region ends when the 
 the wait of a step is the longest any of them waited: the training thread's and that of the
 :data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (the doctor's checks).
 Where the files are missing (another system, a kernel without scheduler statistics) the wait reads as 0.
+:attr:`CpuWait.parallel` says whether other threads computed alongside the training thread since the last
+choice: the wait is then each thread's own and tells the machine's part of a step less exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import threading
 
 BUSIEST = 4  # other threads read at every step: the intra-op pool that computes the step
+HELPER = 0.1  # of the training thread's CPU time: another thread that used this much computed with it
 _TASKS = "/proc/self/task"
 
 
@@ -29,6 +32,7 @@ class CpuWait:
         self._cpu_at_choice: dict[int, int] = {}  # thread id -> cpu ns at the last choice
         self._main: int | None = None
         self._missing = not os.path.isdir(_TASKS)
+        self.parallel = False  # other threads computed with the training thread since the last choice
 
     def choose(self) -> None:
         """Follow the training thread and the threads that used the most CPU since the last choice."""
@@ -40,6 +44,7 @@ class CpuWait:
         used = {tid: ns - self._cpu_at_choice.get(tid, 0) for tid, ns in cpu.items()}
         self._cpu_at_choice = cpu  # every thread's, so that a long-lived pool's past does not count
         others = sorted((tid for tid in used if tid != self._main), key=used.__getitem__, reverse=True)
+        self.parallel = bool(others) and used[others[0]] >= HELPER * used.get(self._main, 0) > 0
         chosen = {self._main, *others[:BUSIEST]}
         for tid in set(self._files) - chosen:
             os.close(self._files.pop(tid))

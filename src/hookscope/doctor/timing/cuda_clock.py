@@ -16,10 +16,11 @@ from collections import deque
 import numpy as np
 import torch
 
-from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT
+from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT, callbacks_to_other
 
-# a closed step: its number, the collector's and the wait's seconds, its first event and its marks
-_Pending = tuple[int, tuple[float, float], torch.cuda.Event, list[tuple[int, torch.cuda.Event]]]
+# a closed step: its number, the collector's, the wait's and the data phase's callbacks' seconds, its first
+# event and its marks
+_Pending = tuple[int, tuple[float, float, float], torch.cuda.Event, list[tuple[int, torch.cuda.Event]]]
 
 
 class EventPool:
@@ -55,13 +56,16 @@ class CudaClock:
         """Phase ``ended`` ends when the device reaches this point of the stream."""
         self._marks.append((ended, self._record()))
 
-    def close(self, step: int, gc_seconds: float, wait_seconds: float = 0.0) -> None:
+    def close(
+        self, step: int, gc_seconds: float, wait_seconds: float = 0.0, callback_seconds: float = 0.0
+    ) -> None:
         """The step ``step`` ended: its events wait for :meth:`take`; its last one starts the next step.
-        The collector's seconds and the thread's wait for a core in it go into its row."""
+        The collector's seconds, the thread's wait for a core and the callbacks' seconds in its data
+        phase go into its row."""
         if not self._marks:
             return
         marks, self._marks = self._marks, []
-        self._pending.append((step, (gc_seconds, wait_seconds), self._start, marks))
+        self._pending.append((step, (gc_seconds, wait_seconds, callback_seconds), self._start, marks))
         self._start = marks[-1][1]
         while len(self._pending) > self.max_pending:
             self._pending[0][3][-1][1].synchronize()  # bounded: wait for the oldest rather than pile up
@@ -90,7 +94,8 @@ class CudaClock:
         for phase, event in marks:
             row[phase] += previous.elapsed_time(event) / 1e3
             previous = event
-        row[GC], row[WAIT] = host
+        row[GC], row[WAIT] = host[:2]
+        callbacks_to_other(row, host[2])
         # the step's last event is the next step's start: it goes back once that step is read
         self.pool.put([start, *(event for _, event in marks[:-1])])
         return step, row

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT
+from hookscope.doctor.timing.phases import COLUMNS, GC, WAIT, callbacks_to_other
 
 
 class HostClock:
@@ -28,14 +28,18 @@ class HostClock:
         self._row[ended] += now - self._last
         self._last, self._marked = now, True
 
-    def close(self, step: int, gc_seconds: float, wait_seconds: float = 0.0) -> None:
+    def close(
+        self, step: int, gc_seconds: float, wait_seconds: float = 0.0, callback_seconds: float = 0.0
+    ) -> None:
         """The step ``step`` ended (its last phase was marked just before; nothing marked: no step), with
-        the collector's seconds and the thread's wait for a core in it."""
+        the collector's seconds, the thread's wait for a core and the callbacks' seconds in its data
+        phase."""
         if not self._marked:
             return
         self._marked = False
         row, self._row = np.array(self._row), [0.0] * len(COLUMNS)
         row[GC], row[WAIT] = gc_seconds, wait_seconds
+        callbacks_to_other(row, callback_seconds)
         self._done.append((step, row))
 
     def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:

@@ -101,6 +101,7 @@ class TimingRecorder:
         self._wait = CpuWait()
         self._hooks = HookSet()
         self._phase = DATA
+        self._callbacks_in_data = 0.0  # the callbacks' own time inside this step's data phase
         self._step = 0
         self._forward_seen = False  # the root forward's hooks fire: they, not begin_batch, start it
         self._notes: dict[int, tuple[str, ...]] = {}  # per step: what the loop noted in it
@@ -189,7 +190,8 @@ class TimingRecorder:
         self._switch(DATA)
         self.host_syncs.end()
         self.slow_layers.end_batch()
-        self._clock.close(self._step, self._gc.take(), self._wait.take())
+        self._clock.close(self._step, self._gc.take(), self._wait.take(), self._callbacks_in_data)
+        self._callbacks_in_data = 0.0
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
         slowest = self.callback_time.take()
@@ -209,9 +211,7 @@ class TimingRecorder:
         """The time since the last step ended (the doctor's own check, run between two steps) belongs to
         no step."""
         if self._phase == DATA:
-            self._clock.restart()
-            self._gc.take()
-            self._wait.take()
+            self._restart()
 
     def close(self) -> None:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
@@ -254,7 +254,9 @@ class TimingRecorder:
             self._wait.choose()  # the threads that compute the steps now (the intra-op pool may change)
         if new:
             steps, table = self.recent.view(BASELINE)
-            self.stalls.judge(steps, table, min(new, len(steps)), self._notes, self._slowest)
+            self.stalls.judge(
+                steps, table, min(new, len(steps)), self._notes, self._slowest, self._wait.parallel
+            )
             oldest = int(steps[0])
             self._notes = {s: n for s, n in self._notes.items() if s >= oldest}
             self._slowest = {s: c for s, c in self._slowest.items() if s >= oldest}
@@ -366,15 +368,28 @@ class TimingRecorder:
         self.memory_history.load_state_dict(state["memory_history"])
         self.stalls.load_state_dict(state["stalls"])
         self.recompiles.load_state_dict(state["recompiles"])
-        self._clock.restart()  # the time before the resume belongs to no step
+        self._restart()  # the time before the resume belongs to no step
         self._phase = DATA
 
     # ---- machinery -----------------------------------------------------------------------------------
 
     def _switch(self, phase: int) -> None:
-        if phase != self._phase:
-            self._clock.mark(self._phase)
-            self._phase = phase
+        if phase == self._phase:
+            return
+        self._clock.mark(self._phase)
+        if self._phase == DATA:  # the callbacks that ran while the loop waited were not the loader
+            self._callbacks_in_data += self.callback_time.counted
+        if phase == DATA:
+            self.callback_time.count_from_now()
+        self._phase = phase
+
+    def _restart(self) -> None:
+        """The time since the last mark belongs to no step."""
+        self._clock.restart()
+        self._gc.take()
+        self._wait.take()
+        self.callback_time.count_from_now()
+        self._callbacks_in_data = 0.0
 
     def _forward_starts(self, model: nn.Module, args: tuple) -> None:
         if model.training and torch.is_grad_enabled():

@@ -4,7 +4,11 @@
 its own — its time less the time the training's threads waited for a core (:mod:`~.cpu_wait`: another
 process had it) — is above the recent steps' median by more than :data:`MADS` robust deviations (1.4826
 x the median absolute deviation), at least :data:`FACTOR` times the median and at least
-:data:`MIN_EXCESS` longer (the baseline is computed again every :data:`REBASE` steps). Each stall
+:data:`MIN_EXCESS` longer (the baseline is computed again every :data:`REBASE` steps). When
+several threads compute the steps (an intra-op pool), no step is judged while the usual step waits for
+a core :data:`BUSY` of its time or more: the wait read is each thread's own, and the threads of one
+parallel region wait in turn (spinning while the others wait), so on a machine that busy it no longer
+tells the machine's part of a slow step (one thread's wait does). Each stall
 keeps what was running: the phase where its extra time went, the garbage collector's seconds in it
 (``gc.callbacks``), the events the loop noted in it (``note("checkpoint save")``) and the callback event
 that took half its extra time or more (``callback Logger.after_batch``).
@@ -30,6 +34,7 @@ from hookscope.doctor.timing.phases import DATA, GC, PHASES, STEP_PHASES, WAIT
 MADS = 6.0
 FACTOR = 2.0
 MIN_EXCESS = 25e-3  # seconds: a busy machine preempts a process for a few ms at a time
+BUSY = 0.2  # the usual step's share of time waiting for a core above which no stall is judged
 MIN_BASELINE = 16  # steps before the first judgement
 MIN_STALLS = 5
 SHARE = 0.1
@@ -69,9 +74,11 @@ class StallDetector:
         new: int,
         notes: dict[int, tuple[str, ...]],
         slowest: dict[int, tuple[str, float]] | None = None,
+        parallel: bool = False,
     ) -> None:
         """The last ``new`` of the recent ``steps``/``rows`` are read for the first time; ``notes``: what
-        the loop noted per step, ``slowest``: each step's slowest callback event and its seconds."""
+        the loop noted per step, ``slowest``: each step's slowest callback event and its seconds;
+        ``parallel``: other threads computed with the training thread."""
         if len(steps) < MIN_BASELINE or new == 0:
             return
         totals = rows[:, :STEP_PHASES].sum(axis=1)
@@ -80,6 +87,8 @@ class StallDetector:
             self._baseline, self._judged = _baseline(totals, own, rows), 0
         usual, limit, typical = self._baseline
         self._judged += new
+        if parallel and np.median(rows[:, WAIT] / np.maximum(totals, 1e-12)) >= BUSY:
+            return  # a busy machine: see the module's docstring
         for i in range(len(steps) - new, len(steps)):
             if own[i] <= limit:
                 continue
@@ -261,7 +270,7 @@ _PHASE_WORDS = {
     "forward": "the forward",
     "backward": "the loss and backward",
     "optimizer": "the optimizer step",
-    "other": "the end of the step (after the optimizer)",
+    "other": "the loop's own work around the step (callbacks, schedulers)",
 }
 
 
