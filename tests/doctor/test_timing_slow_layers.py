@@ -1,9 +1,10 @@
 """slow_layers: on request, a short profiled window names the module that takes most of the forward and
 backward time, with its share and the fix for its type; the profiler and the hooks are gone afterwards; a
-run that did not ask is never profiled."""
+run that did not ask is profiled only when its steps' own compute grew well beyond its start."""
 
 from itertools import pairwise
 
+import numpy as np
 import pytest
 import torch
 from faults import kinds, train_with_doctor
@@ -11,7 +12,9 @@ from timing_loops import Feed, in_memory, train
 from torch import nn
 
 from hookscope.doctor.timing import TimingRecorder
+from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD, WAIT
 from hookscope.doctor.timing.slow_layers import slow_layers
+from hookscope.doctor.timing.slowdown import Slowdown
 
 
 def heavy_conv_net() -> nn.Sequential:
@@ -96,3 +99,79 @@ def test_doctor_profile_true_names_the_widest_layer_in_the_learner():
     assert finding.module == "4" and finding.evidence["steps"] == [10, 11, 12, 13, 14]
     assert "`4` (Linear)" in finding.message and "torch.autocast" in finding.message
     assert "slow_layers" not in kinds(train_with_doctor(model, steps=20))  # not asked: not profiled
+
+
+class Recall(nn.Module):
+    """Attends over every input it has seen in training: a history that grows at every step (detached),
+    so each step costs more than the one before."""
+
+    def __init__(self, width=512):
+        super().__init__()
+        self.seen = torch.empty(0, width)
+
+    def forward(self, x):
+        if self.training:
+            self.seen = torch.cat([self.seen, x.detach()])
+        return (x @ self.seen.T).softmax(-1) @ self.seen
+
+
+def test_steps_that_grow_slower_are_profiled_by_themselves():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(256, 512), Recall(), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt)
+    train(model, opt, feed, in_memory(), 160)
+    (finding,) = [f for f in feed.close() if f.kind == "slow_layers"]
+    assert finding.module == "2" and finding.severity == "info"
+    growth = finding.evidence["growth"]
+    assert growth["reference_steps"] == [10, 41] and growth["now_ms"] >= 1.5 * growth["before_ms"]
+    assert finding.message.startswith("The steps' forward, backward and optimizer grew from")
+    assert "profiled to see where the time goes now. `2` (Recall) takes" in finding.message
+    assert "a cache, a history or a memory kept across steps (bound it)" in finding.message
+    assert finding.evidence["steps"][0] > growth["by_step"]  # the window opened after the growth was seen
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model[1:])  # nothing stays on
+
+
+def synthetic(n=120, grow=None, wait=0.0):
+    """``n`` steps of 10 ms compute and 2 ms data; from step 60 on ``grow`` (a phase) takes 20 ms more,
+    of which ``wait`` seconds the threads waited for a core."""
+    rows = np.zeros((n, len(COLUMNS)))
+    rows[:, FORWARD], rows[:, DATA] = 0.010, 0.002
+    if grow is not None:
+        rows[60:, grow] += 0.020
+        rows[60:, WAIT] = wait
+    return np.arange(10, 10 + n), rows
+
+
+@pytest.mark.parametrize(
+    ("grow", "wait", "found"),
+    [
+        (None, 0.0, False),
+        (DATA, 0.0, False),
+        (BACKWARD, 0.019, False),
+        (BACKWARD, 0.012, False),
+        (BACKWARD, 0.0, True),
+    ],
+    ids=[
+        "flat",
+        "the loader grew",
+        "the machine got busy",
+        "the machine got busy, a pool",
+        "the compute grew",
+    ],
+)
+def test_only_a_growth_of_the_steps_own_compute_is_a_slowdown(grow, wait, found):
+    steps, rows = synthetic(grow=grow, wait=wait)
+    slowdown = Slowdown()
+    seen = [slowdown.check(steps[:end], rows[:end]) for end in range(40, 121, 10)]
+    growth = next((g for g in seen if g is not None), None)
+    assert (growth is not None) == found
+    if found:
+        assert (growth.first, growth.last, growth.seen) == (10, 41, 89)  # 20 of the latest 32 grew
+        assert growth.before == pytest.approx(0.010) and growth.now == pytest.approx(0.030)
+        assert seen.count(growth) == 1  # found once
+        resumed = Slowdown()  # from a checkpoint: found once over the resumed run too
+        resumed.load_state_dict(slowdown.state_dict())
+        assert (resumed.reference, resumed.growth) == (slowdown.reference, growth)
+        assert resumed.check(steps, rows) is None

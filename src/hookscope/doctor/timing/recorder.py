@@ -12,7 +12,8 @@ Each feed call that changes the phase (see :mod:`~hookscope.doctor.timing.phases
 ``time.perf_counter`` on the CPU (:mod:`~.host_clock`), a pooled CUDA event on a GPU
 (:mod:`~.cuda_clock`). :meth:`~TimingRecorder.flush` reads the finished steps into bounded histories
 (:mod:`~.history`) and judges each new step once for stalls; :meth:`~TimingRecorder.findings` runs the
-rules — ``input_bound``, ``step_stalls``, ``memory_growth`` — and returns the findings not returned
+rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of the layers once the steps
+grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned
 before. Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step. The first
 ``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but judged by
 no rule.
@@ -53,6 +54,7 @@ from hookscope.doctor.timing.phases import (
 )
 from hookscope.doctor.timing.recompiles import RecompileWatch
 from hookscope.doctor.timing.slow_layers import STEPS, ProfileWindow
+from hookscope.doctor.timing.slowdown import Slowdown
 from hookscope.doctor.timing.stalls import MIN_EXCESS, StallDetector, step_stalls
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.tensors import model_device
@@ -111,6 +113,7 @@ class TimingRecorder:
         self.recompiles = RecompileWatch(lambda: self._step, self.note)  # torch.compile's recompilations
         self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
         self.slow_layers = ProfileWindow(self.note)  # on request: the modules' share of the time
+        self.slowdown = Slowdown()  # steps slower than at the run's start: profiled once by themselves
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -271,6 +274,9 @@ class TimingRecorder:
             return []
         self._ruled_at = self.steps_read
         steps, rows = self.recent.view()
+        growth = self.slowdown.check(steps, rows)
+        if growth is not None and self.slow_layers.start is None and not self._closed:
+            self.slow_layers.request(self._step + 1, STEPS, growth)
         found = [
             input_bound(
                 steps[-BASELINE:], rows[-BASELINE:], self.loader, usable_cores(), self.device.type == "cuda"
@@ -357,6 +363,7 @@ class TimingRecorder:
             "memory_history": self.memory_history.state_dict(),
             "stalls": self.stalls.state_dict(),
             "recompiles": self.recompiles.state_dict(),
+            "slowdown": self.slowdown.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -368,6 +375,7 @@ class TimingRecorder:
         self.memory_history.load_state_dict(state["memory_history"])
         self.stalls.load_state_dict(state["stalls"])
         self.recompiles.load_state_dict(state["recompiles"])
+        self.slowdown.load_state_dict(state.get("slowdown", {}))  # older checkpoints have none
         self._restart()  # the time before the resume belongs to no step
         self._phase = DATA
 

@@ -1,5 +1,6 @@
 """``slow_layers``: the few modules that take most of the forward and backward time, from a short
-profiled window — on request (``Doctor(profile=True)``, ``hookscope train --profile``).
+profiled window — on request (``Doctor(profile=True)``, ``hookscope train --profile``), and once by
+itself when the steps grew slower than at the start of the run for no other reason (:mod:`~.slowdown`).
 
 :class:`ProfileWindow` profiles :data:`STEPS` training steps once the warm-up is over, with
 ``torch.profiler`` (CPU, and CUDA kernels on a GPU). Forward hooks on every leaf module open and close a
@@ -23,6 +24,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from hookscope.doctor.findings import Finding
+from hookscope.doctor.timing.slowdown import Growth
 from hookscope.hooks.handles import HookSet
 from hookscope.hooks.select import select
 
@@ -41,6 +43,10 @@ FIXES = (  # (type names containing, the usual fix), the first match wins
     (("Norm",), "torch.compile to fuse it with its neighbours"),
 )
 DEFAULT_FIX = "torch.compile to fuse it, mixed precision, or a smaller layer"
+GROWING = (
+    "and since the steps grew slower, look first for what grows in these modules: a cache, a history or "
+    "a memory kept across steps (bound it), or inputs that grow (a longer sequence)"
+)
 
 
 class ProfileWindow:
@@ -53,6 +59,7 @@ class ProfileWindow:
         self.times: dict[str, float] | None = None  # module -> seconds per step, forward and backward
         self.kinds: dict[str, str] = {}  # module -> type name
         self.profiled: list[int] = []
+        self.growth: Growth | None = None  # why the window was opened without a request
         self._note = note
         self._model: nn.Module | None = None
         self._cuda = False
@@ -61,11 +68,13 @@ class ProfileWindow:
         self._profiler: profile | None = None
         self._step = 0  # the training step running now
 
-    def request(self, start: int, steps: int = STEPS) -> None:
-        """Profile ``steps`` training steps from step ``start`` on (a window already read is read again)."""
+    def request(self, start: int, steps: int = STEPS, growth: Growth | None = None) -> None:
+        """Profile ``steps`` training steps from step ``start`` on (a window already read is read again);
+        ``growth``: the slowdown that opens it, when nobody asked."""
         if steps < 1:
             raise ValueError(f"profile_layers: steps={steps}; profile at least one step (steps >= 1)")
         self.start, self.steps, self.times, self.profiled = start, steps, None, []
+        self.growth = growth
 
     def attach(self, model: nn.Module, cuda: bool) -> None:
         self._model, self._cuda = model, cuda
@@ -100,7 +109,7 @@ class ProfileWindow:
         """:func:`slow_layers` once the window is read."""
         if self.times is None:
             return None
-        return slow_layers(self.times, self.kinds, self.profiled)
+        return slow_layers(self.times, self.kinds, self.profiled, self.growth)
 
     def _begin(self) -> None:
         for name, module in select(self._model, None):
@@ -149,9 +158,11 @@ def module_times(events: Any, cuda: bool) -> dict[str, float]:
     return dict(seconds)
 
 
-def slow_layers(times: dict[str, float], kinds: dict[str, str], steps: list[int]) -> Finding | None:
+def slow_layers(
+    times: dict[str, float], kinds: dict[str, str], steps: list[int], growth: Growth | None = None
+) -> Finding | None:
     """The modules that take most of the forward and backward time, largest first: until they cover
-    :data:`COVER` of it, at most :data:`TOP`."""
+    :data:`COVER` of it, at most :data:`TOP`; ``growth``: the slowdown that opened the window."""
     total = sum(times.values())
     if total <= 0:
         return None
@@ -164,8 +175,10 @@ def slow_layers(times: dict[str, float], kinds: dict[str, str], steps: list[int]
     modules = _join([f"`{name}` ({kinds.get(name, '?')})" for name, _ in named])
     shares = _join([f"{share:.0%}" for _, share in named])
     fixes = [f"`{name}`: {_fix(kinds.get(name, ''))}" for name, _ in named]
+    if growth is not None:
+        fixes.append(GROWING)
     verb = "takes" if len(named) == 1 else "take"
-    message = (
+    message = (growth.describe() if growth is not None else "") + (
         f"{modules} {verb} {shares} of the forward and backward time (profiled steps {steps[0]}-{steps[-1]}, "
         f"{total * 1e3:.1f} ms per step in {len(times)} modules). The usual fix: " + "; ".join(fixes) + "."
     )
@@ -174,6 +187,14 @@ def slow_layers(times: dict[str, float], kinds: dict[str, str], steps: list[int]
         "ms_per_step": {name: round(seconds * 1e3, 3) for name, seconds in ranked[:10]},
         "steps": steps,
         "total_ms": round(total * 1e3, 3),
+        "growth": None
+        if growth is None
+        else {
+            "reference_steps": [growth.first, growth.last],
+            "before_ms": round(growth.before * 1e3, 3),
+            "now_ms": round(growth.now * 1e3, 3),
+            "by_step": growth.seen,
+        },
     }
     return Finding("slow_layers", named[0][0], steps[-1], "info", message, evidence)
 

@@ -87,8 +87,8 @@ class StallDetector:
             self._baseline, self._judged = _baseline(totals, own, rows), 0
         usual, limit, typical = self._baseline
         self._judged += new
-        if parallel and np.median(rows[:, WAIT] / np.maximum(totals, 1e-12)) >= BUSY:
-            return  # a busy machine: see the module's docstring
+        if parallel and machine_busy(rows):
+            return  # see the module's docstring
         for i in range(len(steps) - new, len(steps)):
             if own[i] <= limit:
                 continue
@@ -113,6 +113,12 @@ class StallDetector:
             ),
             maxlen=KEPT,
         )
+
+
+def machine_busy(rows: np.ndarray) -> bool:
+    """Whether the usual step of ``rows`` waited for a core :data:`BUSY` of its time or more."""
+    totals = rows[:, :STEP_PHASES].sum(axis=1)
+    return float(np.median(rows[:, WAIT] / np.maximum(totals, 1e-12))) >= BUSY
 
 
 def _baseline(totals: np.ndarray, own: np.ndarray, rows: np.ndarray) -> tuple[float, float, np.ndarray]:

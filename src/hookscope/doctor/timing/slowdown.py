@@ -1,0 +1,83 @@
+"""Steps slow for no other reason: the steps' own compute grew since the start of the run.
+
+:class:`Slowdown` takes the median compute time — forward, backward and optimizer, less the time the
+threads waited for a core — of the first :data:`REFERENCE` steps after the warm-up as the run's
+reference. At each run of the rules it compares the median of the last :data:`LATEST` steps: once that
+is :data:`FACTOR` times the reference or more, and at least :data:`MIN_GROWTH` longer, the steps are
+slower than the run's own start, and neither the loader (``data`` is not compute), a stall (one step
+does not move a median) nor a busy machine (its wait is taken out, and nothing is judged while the
+latest steps wait for a core :data:`~.stalls.BUSY` of their time or more) is the reason. The recorder then
+profiles a short window once (:mod:`~.slow_layers`), whose finding says what grew and names the modules
+that take the time now: a cache or a history that a layer attends over and that grows every step, a
+graph walked through ever more steps, a sequence length that grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hookscope.doctor.timing.phases import FORWARD, OPTIMIZER, WAIT
+from hookscope.doctor.timing.stalls import machine_busy
+
+REFERENCE = 32  # steps after the warm-up: the run's own reference
+LATEST = 32  # the latest steps compared with it
+FACTOR = 1.5
+MIN_GROWTH = 2e-3  # seconds per step: a smaller growth is not worth a profile
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The steps' compute grew from ``before`` seconds (steps ``first``-``last`` of the reference) to
+    ``now`` (the latest steps, up to ``seen``)."""
+
+    first: int
+    last: int
+    before: float
+    now: float
+    seen: int
+
+    def describe(self) -> str:
+        return (
+            f"The steps' forward, backward and optimizer grew from {self.before * 1e3:.1f} ms (steps "
+            f"{self.first}-{self.last}) to {self.now * 1e3:.1f} ms ({self.now / self.before:.1f}x, by step "
+            f"{self.seen}), with nothing else to explain it: profiled to see where the time goes now. "
+        )
+
+
+class Slowdown:
+    """The run's reference compute time, and the growth found (once)."""
+
+    def __init__(self) -> None:
+        self.reference: tuple[int, int, float] | None = None  # first step, last step, median seconds
+        self.growth: Growth | None = None
+
+    def check(self, steps: np.ndarray, rows: np.ndarray) -> Growth | None:
+        """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it first."""
+        if self.growth is not None or len(steps) < REFERENCE:
+            return None
+        compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
+        if self.reference is None:
+            self.reference = (int(steps[0]), int(steps[REFERENCE - 1]), float(np.median(compute[:REFERENCE])))
+        first, last, before = self.reference
+        if steps[-LATEST] <= last:
+            return None
+        now = float(np.median(compute[-LATEST:]))
+        if now < FACTOR * before or now - before < MIN_GROWTH or machine_busy(rows[-LATEST:]):
+            return None
+        self.growth = Growth(first, last, before, now, int(steps[-1]))
+        return self.growth
+
+    def state_dict(self) -> dict[str, Any]:
+        growth = self.growth
+        return {
+            "reference": list(self.reference) if self.reference is not None else None,
+            "growth": list(growth.__dict__.values()) if growth is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        reference, growth = state.get("reference"), state.get("growth")
+        self.reference = (int(reference[0]), int(reference[1]), float(reference[2])) if reference else None
+        self.growth = Growth(*growth) if growth else None
