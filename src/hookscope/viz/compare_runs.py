@@ -61,7 +61,7 @@ _PARTING_LEAD = (
 )
 _LAYERS_LEAD = (
     "The first recorded step where each layer's statistic parts beyond noise (— : it never does). From the "
-    "doctor's history kept in checkpoints/last.pt."
+    "doctor's history in history.json (in older run folders, checkpoints/last.pt)."
 )
 
 
@@ -185,11 +185,10 @@ def _metric_charts(a: RunData, b: RunData) -> str:
 
 def _layer_charts(comparison: RunComparison, kinds: list[str]) -> str:
     """Both runs' series of every layer, one chart per kind and statistic, under one layer filter (the
-    layers that part first are ticked). A parameter's series belong to its layer (its module)."""
+    layers that part first are ticked)."""
     a, b = comparison.a, comparison.b
-    layer_of = {key: key[0] if key[1] else key[0].rpartition(".")[0] for k in kinds for key in a.layers[k]}
-    layers = list(dict.fromkeys(layer_of.values()))
-    parting = [layer_of.get((p.layer, p.stat), p.layer) for p in comparison.partings]
+    layers = list(dict.fromkeys(layer for k in kinds for layer, _ in a.layers[k]))
+    parting = [p.layer for p in comparison.partings]
     charts = layer_filter_html("compare", layers, preselect(layers, parting))
     for kind in kinds:
         for stat in dict.fromkeys(stat for _, stat in a.layers[kind]):
@@ -198,7 +197,7 @@ def _layer_charts(comparison: RunComparison, kinds: list[str]) -> str:
                     f"{label}: {key[0]}",
                     run.layers[kind][key].steps,
                     run.layers[kind][key].values,
-                    layer=layer_of[key],
+                    layer=key[0],
                     dash=run is b,
                 )
                 for key in a.layers[kind]
