@@ -100,8 +100,7 @@ def check_identity(saved: Mapping[str, Any] | None, learn: Learner, source: str,
         f"{source} is a checkpoint of another run ({'; '.join(differences)}); resuming would continue "
         "that run under this one's name. Resume this run's own checkpoint, or pass "
         "Checkpoint(..., allow_other_run=True) (hookscope train: --allow-other-run) to continue it anyway; "
-        "to start from its weights, load "
-        "them instead (learn.load(path), hookscope train --weights)"
+        "to start from its weights, load them instead (learn.load(path), hookscope train --weights)"
     )
 
 
