@@ -39,11 +39,25 @@ def write_history(
     for key, values in (("loss", losses), ("lr", lrs)):
         if len(values):
             record[key] = _columns(range(1, len(values) + 1), {"value": list(values)})
-    if activations is not None:
-        record["activations"] = _activations(activations.history)
-    if gradients is not None:
-        record["gradients"] = _gradients(gradients.param_history)
+    record |= layer_history(
+        activations.history if activations is not None else None,
+        gradients.param_history if gradients is not None else None,
+    )
     atomic_write_text(file(HISTORY), json.dumps(record, separators=(",", ":")))
+
+
+def layer_history(
+    activations: Mapping[str, Sequence[StepStats]] | None, params: Mapping[str, Sequence[ParamRecord]] | None
+) -> dict[str, Any]:
+    """The ``activations`` and ``gradients`` parts of ``history.json`` from the recorders' histories (per
+    layer; per parameter, gathered by layer), each left out when None: also how a comparison reads a
+    checkpoint's history in the same layout."""
+    parts: dict[str, Any] = {}
+    if activations is not None:
+        parts["activations"] = _activations(activations)
+    if params is not None:
+        parts["gradients"] = _gradients(params)
+    return parts
 
 
 def read_history(folder: Path) -> dict[str, Any]:

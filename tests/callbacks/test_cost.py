@@ -1,3 +1,4 @@
+import functools
 import time
 
 import torch
@@ -65,3 +66,34 @@ def test_costs_start_afresh_at_each_fit():
     learn.fit(1)
     learn.fit(1)
     assert cost.costs["quick"]["before_batch"]["calls"] == 6
+
+
+def test_show_training_loop_names_the_callbacks_that_cost_times(capsys):
+    # CallbackCost's timers and the doctor's stacked over the same methods
+    learn = _learner([hs.callbacks.CallbackCost(), hs.callbacks.Doctor(quiet=True), Quick()])
+    learn.fit(1)
+    learn.show_training_loop()
+    lines = [line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines()]
+    assert ["before_batch", "Quick, Doctor, NonFiniteGuard"] in lines
+    assert ["after_fit", "CallbackCost, Doctor, NonFiniteGuard"] in lines
+    assert ["after_cancel_fit", "Doctor"] in lines
+
+
+class WrapsFirst(hs.Callback):
+    """Wraps every event method before CallbackCost does (a lower order), without ``__self__``."""
+
+    order = -200
+
+    def wrap_method(self, event, method):
+        @functools.wraps(method)
+        def wrapped(*args):
+            return method(*args)
+
+        return wrapped
+
+
+def test_costs_are_keyed_by_the_callback_under_another_wrapper():
+    cost = hs.callbacks.CallbackCost()
+    _learner([WrapsFirst(), cost, Quick()]).fit(1)
+    assert cost.costs["quick"]["before_batch"]["calls"] == 6
+    assert "callback_cost" not in cost.costs

@@ -152,6 +152,33 @@ def test_when_no_checkpoint_loads_resume_from_is_offered_and_nothing_is_copied(g
     assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0, 1]
 
 
+def test_resuming_another_runs_checkpoint_is_refused_unless_allow_other_run(good_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert main([*TRAIN, "--lr", "0.01", "--out", str(other)]) == 0
+    capsys.readouterr()
+    theirs = str(good_run / "checkpoints" / "last.pt")
+    resume = ("train", "--resume", str(other), "--resume-from", theirs, "--epochs", "2")
+
+    code, _, err = run(capsys, *resume)
+    assert code != 0 and len(err) == 1
+    assert "is a checkpoint of another run (lr: 0.003 there, 0.01 here)" in err[0]
+    assert "--allow-other-run" in err[0]
+    rows = [json.loads(line) for line in (other / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0]  # the refused resume trained nothing
+
+    code, _, err = run(capsys, *resume, "--allow-other-run")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (other / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [0, 1]
+    assert json.loads((other / "config.json").read_text())["resumed_from"] == theirs
+
+
+def test_allow_other_run_needs_resume(tmp_path, capsys):
+    code, _, err = run(capsys, *TRAIN, "--out", str(tmp_path / "run"), "--allow-other-run")
+    assert code == 2 and len(err) == 1 and "--allow-other-run" in err[0] and "--resume RUN_DIR" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_does_not_say_the_model_starts_from_random_weights(tmp_path, capsys):
     from PIL import Image
 

@@ -1,4 +1,5 @@
 import copy
+import functools
 import io
 
 import pytest
@@ -419,6 +420,43 @@ def test_show_training_loop_lists_callbacks_per_event(capsys):
     assert any(line.split() == ["after_batch", "Recorder"] for line in lines)
     assert lines[-1].split() == ["after_cancel_step", "OnCancelStep"]
     assert sum(line.startswith("after_cancel") for line in lines) == 1
+
+
+class Wrapping(hs.Callback):
+    """Wraps every other callback's event method (like CallbackCost): ``functools.wraps``, no ``__self__``."""
+
+    def wrap_method(self, event, method):
+        @functools.wraps(method)
+        def wrapped(*args):
+            return method(*args)
+
+        return wrapped
+
+
+class InnerWrapping(Wrapping):
+    order = -50
+
+
+def _logged(method):
+    @functools.wraps(method)
+    def logged(self, *args):
+        return method(self, *args)
+
+    return logged
+
+
+class DecoratedCancel(hs.Callback):
+    @_logged
+    def after_cancel_step(self): ...
+
+
+def test_show_training_loop_names_the_callback_under_stacked_wrappers(capsys):
+    # two wrappers stacked over each method; the method itself decorated: still the callback's name, once
+    _learner(cbs=[SkipEveryStep(), DecoratedCancel(), Wrapping(), InnerWrapping()]).show_training_loop()
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split() == ["before_step", "SkipEveryStep"] for line in lines)
+    assert any(line.split() == ["after_batch", "Recorder"] for line in lines)
+    assert lines[-1].split() == ["after_cancel_step", "DecoratedCancel"]
 
 
 def test_run_train_false_keeps_a_callback_out_of_training_batches():

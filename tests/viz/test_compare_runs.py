@@ -42,7 +42,8 @@ def runs(tmp_path_factory):
 def test_a_rerun_with_the_same_seed_is_identical(runs, tmp_path):
     result = hs.compare_runs(runs["a"], runs["again"], out=tmp_path)
     assert result.identical and result.first is None and result.config_diff == []
-    assert result.compared_series > 10
+    # activation mean and std of 3 layers (conv, relu, linear); gradient norm and update ratio of 2
+    assert result.compared_series == 3 * 2 + 2 * 2
     assert "are identical" in str(result)
     page = (tmp_path / "compare.html").read_text()
     assert result.page == tmp_path / "compare.html"
@@ -55,9 +56,9 @@ def test_another_learning_rate_parts_after_the_first_step_and_is_named(runs, tmp
     assert result.config_diff == [("learner.lr", 0.01, 0.05)]
     first = result.first
     # both runs start from the same weights and batch: what step 0 computes is the same, its update is not
-    assert (first.kind, first.layer, first.step) == ("update ratio", "0.weight", 0)
+    assert (first.kind, first.layer, first.step) == ("update ratio", "0", 0)
     assert first.b > 3 * first.a  # five times the learning rate
-    assert all(p.step >= 1 for p in result.partings if p.kind in ("activations", "output gradients"))
+    assert all(p.step >= 1 for p in result.partings if p.kind == "activations")
     assert any(p.kind == "activations" for p in result.partings)
     assert abs(first.a - first.b) > NOISE_MULTIPLE * first.noise
     assert all(p.step >= first.step for p in result.partings)
@@ -81,12 +82,44 @@ def test_the_same_series_never_parts_and_noise_is_the_median_step(runs):
     assert (parted.step, parted.a, parted.b, parted.noise) == (3, 4.0, 7.5, 1.0)
 
 
-def test_a_run_without_checkpoints_compares_what_it_has(runs, tmp_path):
+def test_the_layers_come_from_history_json_without_loading_a_checkpoint(runs, tmp_path):
+    b = tmp_path / "faster"
+    shutil.copytree(runs["faster"], b)
+    (b / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
+    result = hs.compare_runs(runs["a"], b)
+    assert result.b.layers_note == ""
+    assert (result.first.kind, result.first.layer, result.first.step) == ("update ratio", "0", 0)
+    assert result.compared_series == 10
+
+
+def test_a_folder_older_than_history_json_is_read_from_its_checkpoint(runs, tmp_path):
+    old = {}
+    for name in ("a", "faster"):
+        old[name] = tmp_path / name
+        shutil.copytree(runs[name], old[name])
+        (old[name] / "history.json").unlink()
+    from_checkpoints = hs.compare_runs(old["a"], old["faster"])
+    from_history = hs.compare_runs(runs["a"], runs["faster"])
+    assert from_checkpoints.a.layers_note == from_checkpoints.b.layers_note == ""
+    assert from_checkpoints.partings == from_history.partings  # the same records, in the same layout
+    assert from_checkpoints.compared_series == 10
+
+
+def test_a_run_without_checkpoints_compares_its_layers_from_history_json(runs, tmp_path):
     bare = fit(tmp_path / "bare", checkpoints=False, epochs=1)
     result = hs.compare_runs(runs["a"], bare, out=tmp_path)
-    assert result.first is None and not result.identical
     assert ("options.epochs", None, None) not in result.config_diff
-    assert "checkpoint" in result.b.layers_note
+    assert result.b.layers_note == "" and result.compared_series == 10
+    assert result.first is None and not result.identical  # the same first epoch: only the metrics differ
+    assert '<table id="layers">' in (tmp_path / "compare.html").read_text()
+
+
+def test_an_older_run_without_checkpoints_compares_what_it_has(runs, tmp_path):
+    bare = fit(tmp_path / "bare", checkpoints=False, epochs=1)
+    (bare / "history.json").unlink()
+    result = hs.compare_runs(runs["a"], bare, out=tmp_path)
+    assert result.first is None and not result.identical
+    assert "neither history.json nor a checkpoint" in result.b.layers_note
     assert "no per-layer statistics could be compared" in str(result)
     assert "No per-layer statistics to compare" in (tmp_path / "compare.html").read_text()
 

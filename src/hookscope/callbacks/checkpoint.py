@@ -51,7 +51,7 @@ class Checkpoint(Callback):
     ``lock``: hold the folder's writer lock during the fit (``True``), a lock its owner holds (a
     :class:`~hookscope.callbacks.RunFolder` passes its run's), or none (``False``).
     ``allow_other_run=True`` lets ``fit(resume=...)`` continue a checkpoint that another run wrote (other
-    model, data, loss, optimizer or lr), which is refused otherwise.
+    model, data, loss, optimizer or lr), which is refused otherwise (``hookscope train --allow-other-run``).
     """
 
     order = 90

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hookscope.train.callback import Callback
+from hookscope.train.learner import method_owner
 
 
 class CallbackCost(Callback):
@@ -62,7 +63,7 @@ class CallbackCost(Callback):
 
     def wrap_method(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
         """``method`` (another callback's handler of ``event``) timed into :attr:`costs`."""
-        owner = getattr(method, "__self__", None)
+        owner = method_owner(method)  # also under a wrapper placed before this one
         if owner is self:
             return method
         key = (owner.name if isinstance(owner, Callback) else repr(owner), event)

@@ -169,6 +169,12 @@ def _add_train(commands: argparse._SubParsersAction, common: argparse.ArgumentPa
         help="with --resume: continue from this checkpoint file instead of the run's newest one",
     )
     p.add_argument(
+        "--allow-other-run",
+        action="store_true",
+        help="with --resume: continue a checkpoint that another run wrote (refused by default, as it would "
+        "continue that run under this one's name; to start from its weights use --weights)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the hookscope run already in --out, or discard its unfinished run",

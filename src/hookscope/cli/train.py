@@ -49,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--profile names slow layers through the doctor: drop --no-doctor", USAGE_ERROR)
     if args.resume_from and not args.resume:
         raise CommandError("--resume-from FILE needs --resume RUN_DIR (the run to continue)", USAGE_ERROR)
+    if args.allow_other_run and not args.resume:
+        raise CommandError(
+            "--allow-other-run continues another run's checkpoint: it needs --resume RUN_DIR "
+            "(and --resume-from FILE); to start from another run's weights use --weights",
+            USAGE_ERROR,
+        )
     if args.resume:
         options, out = _resumed(args.resume, given), args.resume
     else:
@@ -63,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.resume:
             StagedFolder.check_start(out, "train", overwrite=args.overwrite, lock=claim)
         options.out = str(StagedFolder.paths(out)[0])
-        learn = build_learner(options, out, command=args.command_line, resume=bool(args.resume))
+        learn = build_learner(
+            options,
+            out,
+            command=args.command_line,
+            resume=bool(args.resume),
+            allow_other_run=args.allow_other_run,
+        )
         learn.run_folder.lock.take_over(claim)
     finally:
         claim.release()
@@ -101,10 +113,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_learner(
-    options: TrainOptions, path: str | Path, command: str = "", resume: bool = False
+    options: TrainOptions,
+    path: str | Path,
+    command: str = "",
+    resume: bool = False,
+    allow_other_run: bool = False,
 ) -> Learner:
     """The Learner ``options`` describe, writing its run folder to ``path`` (``resume``: its weights come
-    from the run's checkpoint, not ``--weights``).
+    from the run's checkpoint, not ``--weights``; ``allow_other_run``: that checkpoint may be another
+    run's, ``--allow-other-run``).
 
     Model, data and input problems raise :class:`~hookscope.specs.SpecError` before anything is written.
     """
@@ -125,14 +142,17 @@ def build_learner(
         nn.CrossEntropyLoss(),
         lr=options.lr,
         metrics=[accuracy],
-        cbs=train_callbacks(options, path, command),
+        cbs=train_callbacks(options, path, command, allow_other_run=allow_other_run),
         device=device,
     )
 
 
-def train_callbacks(options: TrainOptions, path: str | Path, command: str = "") -> list[Callback]:
+def train_callbacks(
+    options: TrainOptions, path: str | Path, command: str = "", allow_other_run: bool = False
+) -> list[Callback]:
     """The callbacks ``options`` ask for: one-cycle, precision, clipping, the doctor, the trackers of
-    ``--log``, and the run folder (metrics, checkpoints with the best by validation loss, figures, report)."""
+    ``--log``, and the run folder (metrics, checkpoints with the best by validation loss, figures, report;
+    ``allow_other_run``: a resume may continue another run's checkpoint)."""
     cbs: list[Callback] = [OneCycle(options.lr)]
     if options.precision != "32":
         cbs.append(MixedPrecision(torch.bfloat16 if options.precision == "bf16" else torch.float16))
@@ -142,7 +162,7 @@ def train_callbacks(options: TrainOptions, path: str | Path, command: str = "") 
         cbs.append(Doctor(profile=options.profile))
     trackers = {"tensorboard": TensorBoardCallback, "wandb": WandbCallback, "mlflow": MLflowCallback}
     cbs += [trackers[name]() for name in tracker_names(options.log)]
-    checkpoints = {"monitor": "valid_loss", "sigint": True}
+    checkpoints = {"monitor": "valid_loss", "sigint": True, "allow_other_run": allow_other_run}
     cbs.append(
         RunFolder(path, config=asdict(options), command=command, checkpoints=checkpoints, publish=False)
     )

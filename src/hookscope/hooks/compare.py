@@ -37,7 +37,7 @@ from torch import nn
 from hookscope import compat
 from hookscope.hooks.batch import split_inputs
 from hookscope.hooks.capture import Capture, capture
-from hookscope.hooks.nonfinite import _float_tensors, _op_name
+from hookscope.hooks.ops import float_tensors, op_name
 from hookscope.hooks.rng import restore_torch_rng, torch_rng
 from hookscope.hooks.tensors import map_tensors, tensors_in
 
@@ -473,7 +473,7 @@ class _OpRecorder(compat.TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        self.ops.append((_op_name(func), [t.detach().clone() for t in _float_tensors(out)]))
+        self.ops.append((op_name(func), [t.detach().clone() for t in float_tensors(out)]))
         return out
 
 

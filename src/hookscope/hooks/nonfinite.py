@@ -30,8 +30,8 @@ from torch import nn
 from hookscope import compat
 from hookscope.hooks.batch import split_inputs
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.ops import float_tensors, op_name
 from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
-from hookscope.hooks.tensors import tensors_in
 
 LOSS_NAME = "loss_fn"  # the name a report gives the loss (kept: reports and findings carry it)
 
@@ -176,14 +176,14 @@ def _check(
     last: list[Any] = [None, -1, None]  # a container returns its last child's output: checked already
 
     def record(name: str, module_type: str, inputs: Any, output: Any) -> None:
-        tensors = _float_tensors(output)
+        tensors = float_tensors(output)
         if not tensors:
             return
         call = counts.get(name, 0)
         counts[name] = call + 1
         finite = _all_finite(tensors) if not _same_as_last(tensors, last) else last[2]
         last[:] = [tensors[0], compat.tensor_version(tensors[0]), finite]
-        in_shapes = [tuple(t.shape) for t in _float_tensors(inputs)]
+        in_shapes = [tuple(t.shape) for t in float_tensors(inputs)]
         out_shapes = [tuple(t.shape) for t in tensors]
         calls.append(_Call(name, module_type, call, in_shapes, out_shapes, finite))
 
@@ -250,13 +250,13 @@ class _OpTrace(compat.TorchDispatchMode):
         kwargs = kwargs or {}
         if self.found is not None:
             return func(*args, **kwargs)
-        inputs = _float_tensors((args, kwargs))
+        inputs = float_tensors((args, kwargs))
         inputs_finite = bool(_all_finite(inputs)) if inputs else True
         out = func(*args, **kwargs)
-        op = _op_name(func)
+        op = op_name(func)
         if not inputs_finite or op in _UNINITIALISED_OPS:
             return out
-        outputs = _float_tensors(out)
+        outputs = float_tensors(out)
         if outputs and not bool(_all_finite(outputs)):
             shapes_in = [tuple(t.shape) for t in inputs]
             shapes_out = [tuple(t.shape) for t in outputs]
@@ -306,16 +306,16 @@ def _blame_backward(
     def pre(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             parent = stack[-1]
-            _claim(_float_tensors((args, kwargs)), (parent, current_call.get(parent, 0)), owners)
+            _claim(float_tensors((args, kwargs)), (parent, current_call.get(parent, 0)), owners)
 
         return hook
 
     def post(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             key = (name, current_call[name])
-            _claim(_float_tensors(output), key, owners)
-            shapes[key] = ([tuple(t.shape) for t in _float_tensors((args, kwargs))],
-                           [tuple(t.shape) for t in _float_tensors(output)])  # fmt: skip
+            _claim(float_tensors(output), key, owners)
+            shapes[key] = ([tuple(t.shape) for t in float_tensors((args, kwargs))],
+                           [tuple(t.shape) for t in float_tensors(output)])  # fmt: skip
 
         return hook
 
@@ -339,7 +339,7 @@ def _blame_backward(
             return None
         current_call[LOSS_NAME] = 0
         _claim([loss], (LOSS_NAME, 0), owners)
-        shapes[(LOSS_NAME, 0)] = ([tuple(t.shape) for t in _float_tensors(pred)], [tuple(loss.shape)])
+        shapes[(LOSS_NAME, 0)] = ([tuple(t.shape) for t in float_tensors(pred)], [tuple(loss.shape)])
         for node in owners:
             hooks.add(node.register_hook(node_hook(node)))
         leaves = _leaves(model, args, kwargs)
@@ -413,7 +413,7 @@ def _first_bad_input(args: tuple, kwargs: dict, targets: tuple) -> NonFiniteRepo
     named = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
     named += [(f"target {i}", t) for i, t in enumerate(targets)]
     for label, value in named:
-        tensors = _float_tensors(value)
+        tensors = float_tensors(value)
         if tensors and not bool(_all_finite(tensors)):
             nan, inf = _counts(tensors)
             shapes = [tuple(t.shape) for t in tensors]
@@ -437,12 +437,7 @@ def _first_bad_parameter(model: nn.Module) -> NonFiniteReport | None:
 
 def _leaves(model: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     params = [p for p in model.parameters() if p.requires_grad]
-    return params + [t for t in _float_tensors((args, kwargs)) if t.requires_grad and t.is_leaf]
-
-
-def _float_tensors(obj: Any) -> list[torch.Tensor]:
-    """Floating/complex tensors inside a nested value (:func:`tensors_in`); integers are always finite."""
-    return [t for t in tensors_in(obj) if t.is_floating_point() or t.is_complex()]
+    return params + [t for t in float_tensors((args, kwargs)) if t.requires_grad and t.is_leaf]
 
 
 def _all_finite(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -476,13 +471,6 @@ def _restore(model: nn.Module, buffers: dict[str, torch.Tensor], rng: TorchRng |
                 buffer.copy_(buffers[name])
     if rng is not None:
         restore_torch_rng(rng)
-
-
-def _op_name(func: Any) -> str:
-    """``aten.log.default`` -> ``aten.log``: the overload adds nothing a user can act on."""
-    packet = getattr(func, "overloadpacket", None)
-    name = str(packet) if packet is not None else str(func)
-    return name if name.startswith("aten.") else f"aten.{name}".replace("aten.aten.", "aten.")
 
 
 def _op_base(op: str | None) -> str:

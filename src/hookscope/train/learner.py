@@ -650,11 +650,29 @@ def format_training_loop(train: dict[str, list[Any]], valid: dict[str, list[Any]
         methods = (valid if in_valid else train)[event]
         lines.append(f"{'  ' * depth}{event:<{22 - 2 * depth}} {_owners(methods) or '-'}")
     for event in (e for e in train if e.startswith("after_cancel_")):
-        owners = _owners(train[event] + [m for m in valid[event] if m not in train[event]])
+        in_train = {id(method_owner(m)) for m in train[event]}
+        owners = _owners(train[event] + [m for m in valid[event] if id(method_owner(m)) not in in_train])
         if owners:
             lines.append(f"{event:<22} {owners}")
     return "\n".join(lines)
 
 
 def _owners(methods: list[Any]) -> str:
-    return ", ".join(type(m.__self__).__name__ for m in methods)
+    return ", ".join(_owner_name(m) for m in methods)
+
+
+def _owner_name(method: Any) -> str:
+    owner = method_owner(method)
+    return getattr(method, "__qualname__", repr(method)) if owner is None else type(owner).__name__
+
+
+def method_owner(method: Any) -> Any:
+    """The object whose bound method ``method`` is, under any number of wrappers (``CallbackCost``, the
+    doctor's timing): the first ``__self__`` along the ``__wrapped__`` chain that ``functools.wraps`` leaves.
+    None when no wrapper in the chain leads back to a bound method."""
+    while method is not None:
+        owner = getattr(method, "__self__", None)
+        if owner is not None:
+            return owner
+        method = getattr(method, "__wrapped__", None)
+    return None

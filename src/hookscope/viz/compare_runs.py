@@ -9,15 +9,22 @@ interactive charts (hover, zoom, a layer filter), and each run's findings. What 
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.atomic import atomic_write_text
 from hookscope.viz.charts import Series, chart_html, layer_filter_html, page_head, preselect, rows_series
-from hookscope.viz.report import _fmt, _layer, _page, _section, _severity, _table
+from hookscope.viz.page import (
+    figure_html,
+    finding_layer,
+    format_value,
+    page_html,
+    png_bytes,
+    section_html,
+    severity_badge,
+    table_html,
+)
 from hookscope.viz.run_diff import NOISE_MULTIPLE, Parting, RunComparison, RunData, diff_runs, read_run
 
 if TYPE_CHECKING:
@@ -45,13 +52,13 @@ def write_compare_page(comparison: RunComparison, out: str | Path) -> Path:
     a, b = comparison.a, comparison.b
     body = [
         _header(comparison),
-        _section("Where they part", _PARTING_LEAD, _parting_body(comparison)),
-        _section("Configuration differences", "", _config_body(comparison)),
-        _section("Metric curves", "Run A solid, run B dashed.", _metrics_body(a, b)),
-        _section("Per-layer statistics", _LAYERS_LEAD, _layers_body(comparison)),
-        _section("Findings", "What the doctor found in each run.", _findings_body(a, b)),
+        section_html("Where they part", _PARTING_LEAD, _parting_body(comparison)),
+        section_html("Configuration differences", "", _config_body(comparison)),
+        section_html("Metric curves", "Run A solid, run B dashed.", _metrics_body(a, b)),
+        section_html("Per-layer statistics", _LAYERS_LEAD, _layers_body(comparison)),
+        section_html("Findings", "What the doctor found in each run.", _findings_body(a, b)),
     ]
-    page = _page(f"hookscope: {a.name} vs {b.name}", "\n".join(body), head=page_head())
+    page = page_html(f"hookscope: {a.name} vs {b.name}", "\n".join(body), head=page_head())
     return atomic_write_text(Path(out) / PAGE, page)
 
 
@@ -61,7 +68,7 @@ _PARTING_LEAD = (
 )
 _LAYERS_LEAD = (
     "The first recorded step where each layer's statistic parts beyond noise (— : it never does). From the "
-    "doctor's history kept in checkpoints/last.pt."
+    "doctor's history in history.json (in older run folders, checkpoints/last.pt)."
 )
 
 
@@ -85,25 +92,29 @@ def _parting_body(comparison: RunComparison) -> str:
             html.escape(p.kind),
             f"<code>{html.escape(p.layer)}</code>",
             html.escape(p.stat or "—"),
-            html.escape(_fmt(p.step)),
-            html.escape(_fmt(p.a)),
-            html.escape(_fmt(p.b)),
-            html.escape(_fmt(p.noise)),
+            html.escape(format_value(p.step)),
+            html.escape(format_value(p.a)),
+            html.escape(format_value(p.b)),
+            html.escape(format_value(p.noise)),
         ]
         for p in firsts
     ]
-    table = _table(["kind", "layer", "statistic", "step", "A", "B", "noise"], rows, {3, 4, 5, 6}, "parting")
-    return table + _figure_html(_parting_figure(comparison, firsts), "The first parting series of each kind")
+    table = table_html(
+        ["kind", "layer", "statistic", "step", "A", "B", "noise"], rows, {3, 4, 5, 6}, "parting"
+    )
+    return table + figure_html(
+        png_bytes(_parting_figure(comparison, firsts)), "The first parting series of each kind"
+    )
 
 
 def _config_body(comparison: RunComparison) -> str:
     if not comparison.config_diff:
         return '<p class="note">The same config (names, paths and times aside).</p>'
     rows = [
-        [f"<code>{html.escape(k)}</code>", html.escape(_fmt(va)), html.escape(_fmt(vb))]
+        [f"<code>{html.escape(k)}</code>", html.escape(format_value(va)), html.escape(format_value(vb))]
         for k, va, vb in comparison.config_diff
     ]
-    return _table(["option", "A", "B"], rows, set(), "config")
+    return table_html(["option", "A", "B"], rows, set(), "config")
 
 
 def _metrics_body(a: RunData, b: RunData) -> str:
@@ -112,9 +123,10 @@ def _metrics_body(a: RunData, b: RunData) -> str:
     last = [_last_epoch(a.metrics), _last_epoch(b.metrics)]
     keys = [k for k in dict.fromkeys([*last[0], *last[1]]) if k not in ("kind", "time")]
     rows = [
-        [html.escape(k), html.escape(_fmt(last[0].get(k))), html.escape(_fmt(last[1].get(k)))] for k in keys
+        [html.escape(k), html.escape(format_value(last[0].get(k))), html.escape(format_value(last[1].get(k)))]
+        for k in keys
     ]
-    table = _table(["last epoch", "A", "B"], rows, {1, 2}, "metrics")
+    table = table_html(["last epoch", "A", "B"], rows, {1, 2}, "metrics")
     return _metric_charts(a, b) + table
 
 
@@ -130,10 +142,13 @@ def _layers_body(comparison: RunComparison) -> str:
     layers = list(dict.fromkeys(layer for kind in kinds for layer, _ in a.layers[kind]))
     rows = [
         [f"<code>{html.escape(layer)}</code>"]
-        + [html.escape(_fmt(first.get((kind, layer)))) if (kind, layer) in first else "—" for kind in kinds]
+        + [
+            html.escape(format_value(first.get((kind, layer)))) if (kind, layer) in first else "—"
+            for kind in kinds
+        ]
         for layer in layers
     ]
-    table = _table(["layer", *kinds], rows, set(range(1, len(kinds) + 1)), "layers")
+    table = table_html(["layer", *kinds], rows, set(range(1, len(kinds) + 1)), "layers")
     return table + _layer_charts(comparison, kinds)
 
 
@@ -147,10 +162,10 @@ def _findings_body(a: RunData, b: RunData) -> str:
         theirs = {(f.get("kind"), f.get("module")) for f in other.findings or []}
         rows = [
             [
-                _severity(f),
+                severity_badge(f),
                 html.escape(str(f.get("kind", ""))),
-                f"<code>{html.escape(str(_layer(f)))}</code>",
-                html.escape(_fmt(f.get("step"))),
+                f"<code>{html.escape(str(finding_layer(f)))}</code>",
+                html.escape(format_value(f.get("step"))),
                 ("" if (f.get("kind"), f.get("module")) in theirs else "<b>only here</b> ")
                 + html.escape(str(f.get("message", ""))),
             ]
@@ -158,7 +173,7 @@ def _findings_body(a: RunData, b: RunData) -> str:
         ]
         if not rows:
             rows = [['<span class="sev sev-ok">ok</span>', "", "", "", "No problem found."]]
-        table = _table(["severity", "kind", "layer", "step", "message"], rows, {3}, f"findings-{label}")
+        table = table_html(["severity", "kind", "layer", "step", "message"], rows, {3}, f"findings-{label}")
         parts.append(title + table)
     return "".join(parts)
 
@@ -185,11 +200,10 @@ def _metric_charts(a: RunData, b: RunData) -> str:
 
 def _layer_charts(comparison: RunComparison, kinds: list[str]) -> str:
     """Both runs' series of every layer, one chart per kind and statistic, under one layer filter (the
-    layers that part first are ticked). A parameter's series belong to its layer (its module)."""
+    layers that part first are ticked)."""
     a, b = comparison.a, comparison.b
-    layer_of = {key: key[0] if key[1] else key[0].rpartition(".")[0] for k in kinds for key in a.layers[k]}
-    layers = list(dict.fromkeys(layer_of.values()))
-    parting = [layer_of.get((p.layer, p.stat), p.layer) for p in comparison.partings]
+    layers = list(dict.fromkeys(layer for k in kinds for layer, _ in a.layers[k]))
+    parting = [p.layer for p in comparison.partings]
     charts = layer_filter_html("compare", layers, preselect(layers, parting))
     for kind in kinds:
         for stat in dict.fromkeys(stat for _, stat in a.layers[kind]):
@@ -198,7 +212,7 @@ def _layer_charts(comparison: RunComparison, kinds: list[str]) -> str:
                     f"{label}: {key[0]}",
                     run.layers[kind][key].steps,
                     run.layers[kind][key].values,
-                    layer=layer_of[key],
+                    layer=key[0],
                     dash=run is b,
                 )
                 for key in a.layers[kind]
@@ -235,17 +249,6 @@ def _parting_figure(comparison: RunComparison, firsts: list[Parting]) -> Figure:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
-
-
-def _figure_html(fig: Figure, caption: str) -> str:
-    """The figure as an inline PNG (a ``data:`` URI), as report.html embeds its figures."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
 
 
 # ------------------------------------------------------------------------------------------------ helpers

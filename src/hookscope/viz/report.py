@@ -11,10 +11,8 @@ shows interactive charts (:mod:`hookscope.viz.report_charts`) instead of the fig
 
 from __future__ import annotations
 
-import base64
 import html
 import json
-import math
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +23,15 @@ from hookscope.atomic import atomic_write_text
 from hookscope.run_history import read_history
 from hookscope.run_reader import REPORT, read_metrics
 from hookscope.viz.charts import page_head
+from hookscope.viz.page import (
+    figure_html,
+    finding_layer,
+    format_value,
+    page_html,
+    section_html,
+    severity_badge,
+    table_html,
+)
 from hookscope.viz.report_charts import SectionCharts, report_charts
 
 WIDE_ASPECT = 2.4  # figures wider than this (loss + metrics side by side) take the whole row
@@ -63,43 +70,6 @@ CAPTIONS: tuple[tuple[str, str], ...] = (
     ("feature_maps", "Feature maps of {layer}"),
 )
 
-STYLE = """
-:root { --ink: #1f2933; --muted: #616e7c; --line: #d9dee4; --panel: #f5f7fa; --accent: #2f6fde; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
-       color: var(--ink); background: #fff; }
-main { max-width: 1120px; margin: 0 auto; padding: 28px 28px 60px; }
-header h1 { margin: 0 0 4px; font-size: 26px; }
-header p { margin: 0; color: var(--muted); }
-h2 { margin: 36px 0 6px; font-size: 20px; border-bottom: 2px solid var(--line); padding-bottom: 4px; }
-.lead { color: var(--muted); margin: 0 0 12px; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr)); gap: 10px;
-         margin-top: 18px; }
-.card { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; }
-.card .k { font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); }
-.card .v { font-size: 19px; font-weight: 600; overflow-wrap: anywhere; }
-.figs { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr)); gap: 14px; }
-figure.wide { grid-column: 1 / -1; }
-figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 8px; }
-figure img { width: 100%; height: auto; display: block; }
-.stopped { margin: 8px 0 0; padding: 8px 12px; border-left: 4px solid #c0392b; background: #fdf1f0; }
-figcaption { font-size: 13px; color: var(--muted); margin-top: 4px; }
-table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
-th, td { text-align: left; padding: 5px 9px; border-bottom: 1px solid var(--line); vertical-align: top; }
-th { background: var(--panel); position: sticky; top: 0; }
-th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tbody tr:nth-child(even) { background: #fafbfc; }
-.scroll { max-height: 560px; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
-.sev { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
-       color: #fff; }
-.sev-error, .sev-critical { background: #c62828; } .sev-warning { background: #e08a00; }
-.sev-info { background: #2f6fde; } .sev-ok { background: #2e7d32; }
-.note { color: var(--muted); font-style: italic; }
-code { background: var(--panel); padding: 0 4px; border-radius: 4px; }
-details summary { cursor: pointer; color: var(--accent); margin: 8px 0; }
-pre { background: var(--panel); padding: 10px; border-radius: 8px; overflow: auto; font-size: 12.5px; }
-"""
-
 
 EMBEDDED_EVIDENCE = 20  # findings whose evidence plot is drawn in the page; the others name their file
 
@@ -129,7 +99,7 @@ def write_report(path: str | Path) -> Path:
         _config_section(config),
     ]
     title = f"hookscope report: {config.get('name') or run_dir.name}"  # not the .NAME.partial folder
-    page = _page(title, "\n".join(body), head=page_head() if charts else "")
+    page = page_html(title, "\n".join(body), head=page_head() if charts else "")
     return atomic_write_text(run_dir / REPORT, page)
 
 
@@ -146,17 +116,7 @@ def write_feature_map_index(path: str | Path, layers: Iterable[tuple[str, str, s
         "order.</p></header>\n"
         f'<div class="figs">{"".join(figures)}</div>'
     )
-    return atomic_write_text(folder / "index.html", _page(title, body))
-
-
-def _page(title: str, body: str, head: str = "") -> str:
-    """The page around ``body``; ``head``: more of the head (the charts' style and script)."""
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n{head}</head>\n"
-        f"<body>\n<main>\n{body}\n</main>\n</body>\n</html>\n"
-    )
+    return atomic_write_text(folder / "index.html", page_html(title, body))
 
 
 def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
@@ -172,7 +132,9 @@ def _header(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[st
         ("epochs", len(epochs) or None),
         ("training time", _duration(config.get("duration_s"))),
     ]
-    cards += [(key.replace("_", " "), _fmt(value)) for key, value in last.items() if _is_final_metric(key)]
+    cards += [
+        (key.replace("_", " "), format_value(value)) for key, value in last.items() if _is_final_metric(key)
+    ]
     status = config.get("status", "complete")
     if status != "complete":
         cards.insert(0, ("status", "unfinished run" if status == "running" else status))
@@ -221,10 +183,10 @@ def _figure_sections(
         interactive = charts.get(title, SectionCharts("", ()))
         mine = [f for f in mine if f.stem not in interactive.replaces]
         body = interactive.html + (_figures_html(mine) if mine else "")
-        sections.append(_section(title, lead, body or _missing(title, config, summary)))
+        sections.append(section_html(title, lead, body or _missing(title, config, summary)))
     others = [f for f in figures if f not in placed]
     if others:
-        sections.append(_section("Other figures", "", _figures_html(others)))
+        sections.append(section_html("Other figures", "", _figures_html(others)))
     return sections
 
 
@@ -242,15 +204,9 @@ def _missing(title: str, config: dict[str, Any], summary: dict[str, Any]) -> str
 
 
 def _figures_html(figures: list[Path]) -> str:
-    items = []
-    for path in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = _caption(path.stem)
-        wide = ' class="wide"' if _aspect(path) > WIDE_ASPECT else ""
-        items.append(
-            f'<figure{wide}><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        )
+    items = [
+        figure_html(path.read_bytes(), _caption(path.stem), _aspect(path) > WIDE_ASPECT) for path in figures
+    ]
     return f'<div class="figs">{"".join(items)}</div>'
 
 
@@ -277,14 +233,14 @@ def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> s
         "plot that shows it."
     )
     if findings is None:
-        return _section("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
+        return section_html("Doctor's findings", lead, '<p class="note">The doctor was off for this run.</p>')
     # findings.json puts each cause's symptoms right after it: they are shown nested under it
     causes = {tuple(key): f.get("kind", "") for f in findings for key in f.get("explains", [])}
     rows = [
         [
-            _severity(f),
-            f"<code>{html.escape(str(_layer(f)))}</code>",
-            html.escape(_fmt(f.get("step", ""))),
+            severity_badge(f),
+            f"<code>{html.escape(str(finding_layer(f)))}</code>",
+            html.escape(format_value(f.get("step", ""))),
             _symptom_of(causes.get((f.get("kind"), f.get("module"))))
             + html.escape(str(f.get("message", "")))
             + _evidence(figures / f"finding_{i:02d}.png", embed=i < EMBEDDED_EVIDENCE),
@@ -293,8 +249,8 @@ def _findings_section(findings: list[dict[str, Any]] | None, figures: Path) -> s
     ]
     if not rows:
         rows = [['<span class="sev sev-ok">ok</span>', "", "", "No problem found."]]
-    table = _table(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
-    return _section("Doctor's findings", lead, table)
+    table = table_html(["severity", "layer", "step", "message"], rows, numeric={2}, table_id="findings")
+    return section_html("Doctor's findings", lead, table)
 
 
 def _symptom_of(cause: str | None) -> str:
@@ -324,27 +280,17 @@ def _preflight_section(findings: list[dict[str, Any]] | None) -> str:
     )
     rows = [
         [
-            _severity(f),
+            severity_badge(f),
             html.escape(str(f.get("kind", ""))),
-            f"<code>{html.escape(str(_layer(f)))}</code>",
+            f"<code>{html.escape(str(finding_layer(f)))}</code>",
             html.escape(str(f.get("message", ""))),
         ]
         for f in findings
     ]
     if not rows:
         rows = [['<span class="sev sev-ok">ok</span>', "", "", "Every preflight check passed."]]
-    table = _table(["severity", "check", "layer", "message"], rows, numeric=set(), table_id="preflight")
-    return _section("Preflight", lead, table)
-
-
-def _severity(finding: dict[str, Any]) -> str:
-    """The finding's severity as a coloured badge."""
-    severity = str(finding.get("severity", "info"))
-    return f'<span class="sev sev-{html.escape(severity.lower())}">{html.escape(severity)}</span>'
-
-
-def _layer(finding: dict[str, Any]) -> str:
-    return finding.get("layer") or finding.get("module") or finding.get("name") or ""
+    table = table_html(["severity", "check", "layer", "message"], rows, numeric=set(), table_id="preflight")
+    return section_html("Preflight", lead, table)
 
 
 def _stats_section(stats: list[dict[str, Any]]) -> str:
@@ -353,13 +299,13 @@ def _stats_section(stats: list[dict[str, Any]]) -> str:
         "dead units and non-finite count over every value; abs_max and zeros over the sampled values."
     )
     if not stats:
-        return _section(
+        return section_html(
             "Per-layer activation statistics", lead, '<p class="note">Not recorded in this run.</p>'
         )
     columns = list(stats[0])
-    rows = [[html.escape(_fmt(row.get(c, ""))) for c in columns] for row in stats]
+    rows = [[html.escape(format_value(row.get(c, ""))) for c in columns] for row in stats]
     numeric = {i for i, c in enumerate(columns) if isinstance(stats[0].get(c), int | float)}
-    return _section("Per-layer activation statistics", lead, _table(columns, rows, numeric, "stats"))
+    return section_html("Per-layer activation statistics", lead, table_html(columns, rows, numeric, "stats"))
 
 
 def _performance_section(timing: dict[str, Any] | None) -> str:
@@ -368,7 +314,7 @@ def _performance_section(timing: dict[str, Any] | None) -> str:
         return ""
     from hookscope.viz.performance import LEAD, performance_html
 
-    return _section("Performance", LEAD, performance_html(timing))
+    return section_html("Performance", LEAD, performance_html(timing))
 
 
 def _pruning_section(pruning: dict[str, Any] | None) -> str:
@@ -378,35 +324,38 @@ def _pruning_section(pruning: dict[str, Any] | None) -> str:
     kind = "structured" if pruning.get("structured") else "unstructured"
     lead = (
         f"{kind.capitalize()} {pruning.get('how')} pruning ({pruning.get('scope')} scope) from "
-        f"{_fmt(pruning.get('initial_sparsity'))} to {_fmt(pruning.get('final_sparsity'))} sparsity between "
+        f"{format_value(pruning.get('initial_sparsity'))} to "
+        f"{format_value(pruning.get('final_sparsity'))} sparsity between "
         f"steps {pruning.get('start_step')} and {pruning.get('end_step')}, every {pruning.get('every')} steps"
         + (f", rewound to step {pruning['rewind_step']}" if pruning.get("rewind_step") is not None else "")
-        + f". Reached {_fmt(pruning.get('sparsity', {}).get('total'))} overall."
+        + f". Reached {format_value(pruning.get('sparsity', {}).get('total'))} overall."
     )
     keys = ["name", "param", "numel", "zeros", "sparsity", "channels_pruned", "channels"]
     rows = [
-        [html.escape(_fmt(row.get(k, ""))) for k in keys]
+        [html.escape(format_value(row.get(k, ""))) for k in keys]
         for row in pruning.get("sparsity", {}).get("rows", [])
     ]
     schedule = ", ".join(f"step {int(step)}: {target:.3f}" for step, target, _ in pruning.get("log", []))
-    body = _table(["layer", *keys[1:]], rows, numeric={2, 3, 4, 5, 6}, table_id="pruning")
-    return _section("Pruning", lead, body + f'<p class="note">Schedule followed: {html.escape(schedule)}</p>')
+    body = table_html(["layer", *keys[1:]], rows, numeric={2, 3, 4, 5, 6}, table_id="pruning")
+    return section_html(
+        "Pruning", lead, body + f'<p class="note">Schedule followed: {html.escape(schedule)}</p>'
+    )
 
 
 def _summary_section(summary: dict[str, Any]) -> str:
     lead = "Every layer with its output shape, parameters and multiply-accumulates for one validation sample."
     rows_in = summary.get("rows", [])
     if not rows_in:
-        return _section("Model summary", lead, '<p class="note">Not recorded in this run.</p>')
+        return section_html("Model summary", lead, '<p class="note">Not recorded in this run.</p>')
     columns = list(rows_in[0])
-    rows = [[html.escape(_fmt(row.get(c, ""))) for c in columns] for row in rows_in]
+    rows = [[html.escape(format_value(row.get(c, ""))) for c in columns] for row in rows_in]
     numeric = {i for i, c in enumerate(columns) if isinstance(rows_in[0].get(c), int | float)}
     totals = (
         f"<p>Total parameters <b>{_count(summary.get('total_params'))}</b> · trainable "
         f"<b>{_count(summary.get('trainable_params'))}</b> · MACs per sample "
         f"<b>{_count(summary.get('total_macs'))}</b></p>"
     )
-    return _section("Model summary", lead, totals + _table(columns, rows, numeric, "summary"))
+    return section_html("Model summary", lead, totals + table_html(columns, rows, numeric, "summary"))
 
 
 def _trackers_section(trackers: dict[str, dict[str, str]]) -> str:
@@ -422,8 +371,8 @@ def _trackers_section(trackers: dict[str, dict[str, str]]) -> str:
         for name, t in trackers.items()
     ]
     lead = "The experiment trackers this run logged to; paths are inside the run folder unless absolute."
-    table = _table(["tracker", "where", "open it (from the run folder)"], rows, set(), "trackers")
-    return _section("Trackers", lead, table)
+    table = table_html(["tracker", "where", "open it (from the run folder)"], rows, set(), "trackers")
+    return section_html("Trackers", lead, table)
 
 
 def _config_section(config: dict[str, Any]) -> str:
@@ -432,47 +381,7 @@ def _config_section(config: dict[str, Any]) -> str:
         "<details><summary>config.json (every option and library version)</summary>"
         f"<pre>{text}</pre></details>"
     )
-    return _section("Configuration", "", body)
-
-
-def _section(title: str, lead: str, body: str) -> str:
-    lead_html = f'<p class="lead">{html.escape(lead)}</p>' if lead else ""
-    return f"<section><h2>{html.escape(title)}</h2>{lead_html}{body}</section>"
-
-
-def _table(columns: list[str], rows: list[list[str]], numeric: set[int], table_id: str) -> str:
-    head = "".join(
-        f'<th class="num">{html.escape(c.replace("_", " "))}</th>'
-        if i in numeric
-        else f"<th>{html.escape(c.replace('_', ' '))}</th>"
-        for i, c in enumerate(columns)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
-        + "</tr>"
-        for r in rows
-    )
-    return (
-        f'<div class="scroll"><table id="{table_id}"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table></div>"
-    )
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}"
-    if isinstance(value, list | tuple):
-        return "×".join(str(v) for v in value) if all(isinstance(v, int) for v in value) else str(value)
-    return str(value)
+    return section_html("Configuration", "", body)
 
 
 def _count(value: Any) -> str | None:

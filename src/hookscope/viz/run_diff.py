@@ -1,9 +1,11 @@
 """Two run folders side by side: what differs in their config, metrics, per-layer statistics and findings.
 
 Everything is read from the folders (``config.json``, ``metrics.jsonl``, ``findings.json`` and the doctor's
-per-layer history kept in ``checkpoints/last.pt``: up to 128 records per layer of activation and output-
-gradient statistics, and each parameter's gradient norm and update ratio), so two runs can be compared at
-any time after they ended. :func:`hookscope.compare_runs` draws the page from this.
+per-layer history in ``history.json``: each layer's activation mean and std, its parameters' gradient norm
+and largest update ratio, at most 500 records per series), so two runs can be compared at any time after
+they ended. A folder written before ``history.json`` existed is read from the doctor's history kept in
+``checkpoints/last.pt`` (up to 128 records per layer), put in the same layout. :func:`hookscope.compare_runs`
+draws the page from this.
 
 **Where two runs part.** Each per-layer series (one statistic of one layer, e.g. the std of ``features.3``'s
 activations) is compared at the steps both runs recorded. A series jumps from one record to the next even
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.doctor.history_codec import history_from_state, params_from_state
+from hookscope.run_history import layer_history, read_history
 from hookscope.run_reader import read_metrics
 from hookscope.staged_folder import CONFIG, RunFolderError, read_json
 from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
@@ -30,9 +33,10 @@ from hookscope.train.checkpoint.file import CheckpointError, load_checkpoint
 NOISE_MULTIPLE = 3.0
 # config.json entries that differ between any two runs (identity, times, paths), left out of the differences
 UNCOMPARED = ("name", "command", "commands", "started", "ended", "duration_s", "status", "options.out")
-# (kind label, statistic) of each per-layer series, as the page names them
+# the activation statistics compared per layer, as the page names them
 ACTIVATION_STATS = ("mean", "std")
-GRADIENT_STATS = ("std",)
+# kind label of the per-layer gradient series -> its column in history.json's "gradients"
+GRADIENT_KINDS = {"gradient norm": "norm", "update ratio": "ratio"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Series:
 class Parting:
     """Where one series of the two runs first differs beyond noise: ``step``, both values and the noise."""
 
-    kind: str  # "activations", "output gradients", "gradient norm" or "update ratio"
+    kind: str  # "activations", "gradient norm" or "update ratio"
     layer: str
     stat: str
     step: int
@@ -69,7 +73,7 @@ class RunData:
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
     findings: list[dict[str, Any]] | None
-    # kind -> (layer, stat) -> Series, layers in model order; empty without a checkpoint holding the history
+    # kind -> (layer, stat) -> Series, layers in model order; empty without the doctor's history
     layers: dict[str, dict[tuple[str, str], Series]] = field(default_factory=dict)
     layers_note: str = ""  # why there are no per-layer statistics, when there are none
 
@@ -161,7 +165,7 @@ def read_run(path: str | Path) -> RunData:
         )
     findings = read_json(path / "findings.json") if (path / "findings.json").is_file() else None
     data = RunData(path, read_json(path / CONFIG), read_metrics(path), findings)
-    data.layers, data.layers_note = _layer_series(path / "checkpoints" / "last.pt")
+    data.layers, data.layers_note = _layer_series(path)
     return data
 
 
@@ -201,58 +205,59 @@ def _parting(kind: str, key: tuple[str, str], a: Series, b: Series) -> Parting |
     values_b = dict(zip(b.steps, b.values, strict=True))
     for step, value in zip(a.steps, a.values, strict=True):
         other = values_b.get(step)
-        if other is None or value == other:
-            continue
+        if other is None or value == other or (math.isnan(value) and math.isnan(other)):
+            continue  # NaN in both: the same missing (or broken) record, no parting
         if not (math.isfinite(value) and math.isfinite(other)) or abs(value - other) > NOISE_MULTIPLE * level:
             return Parting(kind, key[0], key[1], step, value, other, level)
     return None
 
 
-def _layer_series(checkpoint: Path) -> tuple[dict[str, dict[tuple[str, str], Series]], str]:
-    """The doctor's per-layer histories kept in the run's last checkpoint, as series per kind."""
+def _layer_series(folder: Path) -> tuple[dict[str, dict[tuple[str, str], Series]], str]:
+    """The doctor's per-layer histories of run folder ``folder``, as series per kind, and why there are
+    none when there are none: from ``history.json``, else (an older folder) from its last checkpoint."""
+    history = read_history(folder)
+    if not history:
+        history, note = _checkpoint_history(folder / "checkpoints" / "last.pt")
+        if note:
+            return {}, note
+    activations, gradients = history.get("activations") or {}, history.get("gradients") or {}
+    kinds = {
+        "activations": {
+            (layer, stat): Series(columns["step"], columns[stat])
+            for layer, columns in activations.items()
+            for stat in ACTIVATION_STATS
+        }
+    }
+    for kind, column in GRADIENT_KINDS.items():
+        kinds[kind] = {(layer, ""): Series(c["step"], c[column]) for layer, c in gradients.items()}
+    kinds = {kind: series for kind, series in kinds.items() if series}
+    return kinds, "" if kinds else _NO_DOCTOR
+
+
+_NO_DOCTOR = "the run had no doctor, which records the per-layer statistics"
+
+
+def _checkpoint_history(checkpoint: Path) -> tuple[dict[str, Any], str]:
+    """The doctor's history kept in ``checkpoint``, in the layout of ``history.json`` (see
+    :func:`hookscope.run_history.layer_history`), or why there is none."""
     if not checkpoint.is_file():
-        return {}, "the run kept no checkpoint, where the doctor's per-layer history is saved"
+        return {}, "the run kept neither history.json nor a checkpoint, where the doctor's history is saved"
     try:
         state = load_checkpoint(checkpoint)
     except CheckpointError as err:
         return {}, str(err)
     doctor = _doctor_state(state)
     if doctor is None:
-        return {}, "the run had no doctor, which records the per-layer statistics"
+        return {}, _NO_DOCTOR
     activations, gradients = doctor.get("activations") or {}, doctor.get("gradients") or {}
-    kinds: dict[str, dict[tuple[str, str], Series]] = {}
-    if activations.get("history"):
-        history = history_from_state(list(activations.get("layers", [])), activations["history"])
-        kinds["activations"] = _stat_series(history, ACTIVATION_STATS)
-    if gradients.get("history"):
-        history = history_from_state(list(gradients.get("layers", [])), gradients["history"])
-        kinds["output gradients"] = _stat_series(history, GRADIENT_STATS)
-    params = params_from_state(gradients.get("param_history") or {})
-    for kind, attribute in (("gradient norm", "grad_norm"), ("update ratio", "update_ratio")):
-        series = {
-            (name, ""): Series(
-                [r.step for r in records if getattr(r, attribute) is not None],
-                [getattr(r, attribute) for r in records if getattr(r, attribute) is not None],
-            )
-            for name, records in params.items()
-        }
-        kinds[kind] = {key: s for key, s in series.items() if s.steps}
-    return {kind: series for kind, series in kinds.items() if series}, ""
+    history = history_from_state(list(activations.get("layers", [])), activations.get("history") or {})
+    return layer_history(history, params_from_state(gradients.get("param_history") or {})), ""
 
 
 def _doctor_state(state: dict[str, Any]) -> dict[str, Any] | None:
     classes = state.get("callback_classes", {})
     key = next((k for k, cls in classes.items() if cls == "Doctor"), None)
     return state.get("callbacks", {}).get(key) if key is not None else None
-
-
-def _stat_series(history: dict[str, list[Any]], stats: tuple[str, ...]) -> dict[tuple[str, str], Series]:
-    return {
-        (layer, stat): Series([r.step for r in records], [float(getattr(r.stats, stat)) for r in records])
-        for layer, records in history.items()
-        if records
-        for stat in stats
-    }
 
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -5,8 +5,8 @@ Runs side by side (a sweep, a shell loop) easily point at one checkpoint folder 
 name. Each checkpoint records its run's identity — the model's structure, the data's sizes (and a cheap
 hash of in-memory tensors), the loss, optimizer and learning rate — and ``fit(resume=...)`` refuses one
 whose identity differs, saying what differs, unless the Checkpoint callback says
-``allow_other_run=True``. Starting from another run's weights is not a resume: ``learn.load(path)`` or
-``hookscope train --weights``.
+``allow_other_run=True`` (``hookscope train --allow-other-run``). Starting from another run's weights
+is not a resume: ``learn.load(path)`` or ``hookscope train --weights``.
 
 The identity is cheap: no batch is drawn and no RNG is touched (a random transform would change it and
 the resume would not be exact).
@@ -99,8 +99,8 @@ def check_identity(saved: Mapping[str, Any] | None, learn: Learner, source: str,
     raise CheckpointError(
         f"{source} is a checkpoint of another run ({'; '.join(differences)}); resuming would continue "
         "that run under this one's name. Resume this run's own checkpoint, or pass "
-        "Checkpoint(..., allow_other_run=True) to continue it anyway; to start from its weights, load "
-        "them instead (learn.load(path), hookscope train --weights)"
+        "Checkpoint(..., allow_other_run=True) (hookscope train: --allow-other-run) to continue it anyway; "
+        "to start from its weights, load them instead (learn.load(path), hookscope train --weights)"
     )
 
 
