@@ -30,7 +30,6 @@ Doctor attached, as a quick check before a long run.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -55,7 +54,7 @@ from hookscope.train import distributed
 from hookscope.train.callback import Callback
 from hookscope.train.data import DataLoaders, require_batches
 from hookscope.train.events import CancelFitException
-from hookscope.train.learner import Learner
+from hookscope.train.learner import Learner, method_owner
 
 
 class Doctor(Callback):
@@ -246,7 +245,7 @@ class Doctor(Callback):
 
     def wrap_method(self, event: str, method: Callable[..., Any]) -> Callable[..., Any]:
         """Another callback's handler of ``event``, timed: a stalled step names the slowest one in it."""
-        owner = getattr(inspect.unwrap(method), "__self__", None)  # under another wrapper (CallbackCost)
+        owner = method_owner(method)  # under other wrappers (CallbackCost) and the callback's decorators
         if owner is self or not isinstance(owner, Callback):
             return method
         return self.timing.callback_time.wrap(f"{type(owner).__name__}.{event}", method)
