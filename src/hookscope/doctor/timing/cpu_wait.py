@@ -6,7 +6,8 @@ its second field: nanoseconds spent waiting on a run queue), so a step slowed by
 from one slowed by the loop: a sleep, a disk or a lock is no wait for a core, a busy machine is. The
 training thread waits for its intra-op threads (a parallel region ends when the slowest worker does), so
 the wait of a step is the longest any of them waited: the training thread's and that of the
-:data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (the doctor's checks).
+:data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (the doctor's checks)
+— those that used :data:`HELPER` of the training thread's CPU time at least: one thread reads one file.
 Where the files are missing (another system, a kernel without scheduler statistics) the wait reads as 0.
 :attr:`CpuWait.parallel` says whether other threads computed alongside the training thread since the last
 choice: the wait is then each thread's own and tells the machine's part of a step less exactly.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 
-BUSIEST = 4  # other threads read at every step: the intra-op pool that computes the step
+BUSIEST = 4  # other threads read at every step at most: the intra-op pool that computes the step
 HELPER = 0.1  # of the training thread's CPU time: another thread that used this much computed with it
 _TASKS = "/proc/self/task"
 
@@ -43,9 +44,10 @@ class CpuWait:
         cpu = {tid: now[0] for tid in map(int, os.listdir(_TASKS)) if (now := _read_path(tid)) is not None}
         used = {tid: ns - self._cpu_at_choice.get(tid, 0) for tid, ns in cpu.items()}
         self._cpu_at_choice = cpu  # every thread's, so that a long-lived pool's past does not count
-        others = sorted((tid for tid in used if tid != self._main), key=used.__getitem__, reverse=True)
-        self.parallel = bool(others) and used[others[0]] >= HELPER * used.get(self._main, 0) > 0
-        chosen = {self._main, *others[:BUSIEST]}
+        floor = HELPER * used.get(self._main, 0)
+        helpers = [tid for tid in used if tid != self._main and used[tid] >= floor > 0]
+        self.parallel = bool(helpers)
+        chosen = {self._main, *sorted(helpers, key=used.__getitem__, reverse=True)[:BUSIEST]}
         for tid in set(self._files) - chosen:
             os.close(self._files.pop(tid))
             self._last.pop(tid, None)
