@@ -22,16 +22,30 @@ from hookscope.train import checkpoint, distributed
 
 
 class Fault(hs.Callback):
-    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``), raise (``raise``) or die (``kill``)."""
+    """On ``rank``: from ``step`` on, make the inputs NaN (``nan``), raise (``raise``) or die (``kill``);
+    ``inf-grad``: once, at ``step``, an Inf in this rank's own part of the first layer's gradient (an
+    overflow in one shard: under float16 every rank must skip that step, or the ranks part)."""
 
     order = -30
 
     def __init__(self, kind: str, rank: int, step: int) -> None:
         self.kind, self.rank, self.step = kind, rank, step
+        self.done = False
+
+    def after_backward(self) -> None:
+        if self.kind != "inf-grad" or distributed.rank() != self.rank or self.done:
+            return
+        if self.learn.training_step == self.step:
+            grad = self.learn.model[0].weight.grad
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            local.view(-1)[0] = float("inf")
+            self.done = True
 
     def before_batch(self) -> None:
         learn = self.learn
         if distributed.rank() != self.rank or not learn.training or learn.training_step < self.step:
+            return
+        if self.kind == "inf-grad":
             return
         if self.kind == "raise":
             raise ValueError(f"injected failure on rank {self.rank} at step {learn.training_step}")
@@ -75,7 +89,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--fault", choices=["nan", "raise", "kill"])
+    parser.add_argument("--fault", choices=["nan", "raise", "kill", "inf-grad"])
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--doctor", action="store_true")
@@ -91,6 +105,7 @@ def main() -> None:
     parser.add_argument("--shard", action="store_true", help="Learner(shard=True): the Learner shards it")
     parser.add_argument("--accumulate", type=int, default=1, help="GradientAccumulation(n) when above 1")
     parser.add_argument("--bf16", action="store_true", help="MixedPrecision(torch.bfloat16)")
+    parser.add_argument("--fp16", action="store_true", help="MixedPrecision(torch.float16): a grad scaler")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -111,8 +126,8 @@ def main() -> None:
         cbs.append(hs.callbacks.Checkpoint(args.checkpoints, every_n_steps=args.every, sharded=args.dcp))
     if args.accumulate > 1:
         cbs.append(hs.callbacks.GradientAccumulation(args.accumulate))
-    if args.bf16:
-        cbs.append(hs.callbacks.MixedPrecision(torch.bfloat16))
+    if args.bf16 or args.fp16:
+        cbs.append(hs.callbacks.MixedPrecision(torch.bfloat16 if args.bf16 else torch.float16))
     if args.pause_at is not None:
         cbs.append(PauseAt(args.pause_at, args.out, args.pause_for))
     learn = hs.Learner(
@@ -141,6 +156,7 @@ def main() -> None:
         "findings": [f.to_dict() for f in doctor.findings] if doctor is not None else [],
         "stats": _stats(doctor),
         "guard": _guard(learn),
+        "precision": _precision(learn),
         **seen,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +210,14 @@ class _CountReductions(hs.Callback):
 def _whole(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The state with every sharded tensor (an FSDP2 DTensor) gathered whole, for the comparison."""
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+
+
+def _precision(learn: hs.Learner) -> dict[str, float] | None:
+    """The float16 grad scaler's skipped steps and scale at the end; None without one."""
+    mixed = next((cb for cb in learn.cbs if isinstance(cb, hs.callbacks.MixedPrecision)), None)
+    if mixed is None or mixed.scaler is None:
+        return None
+    return {"skipped_steps": mixed.skipped_steps, "scale": float(mixed.scaler.get_scale())}
 
 
 def _guard(learn: hs.Learner) -> dict[str, object] | None:

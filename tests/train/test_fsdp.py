@@ -136,6 +136,20 @@ def test_mixed_precision_reaches_the_sharding_as_fsdp2s_policy(tmp_path: Path) -
     assert rank0["weights"]["0.weight"].dtype == torch.float32  # the sharded parameters stay float32
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_float16_skips_a_step_on_every_rank_when_one_shards_gradient_overflows(tmp_path: Path) -> None:
+    two_processes(TRAIN, tmp_path, "--batch-size", "12", "--shard", "--fp16", "--fault", "inf-grad")
+    rank0, rank1 = results(tmp_path)
+    assert rank0["param_dtype"] == "torch.float16"
+    # the Inf is in rank 1's part only; both ranks skip that step and halve the scale, once
+    for rank in (rank0, rank1):
+        assert rank["precision"] == {"skipped_steps": 1, "scale": 2.0**15}
+        assert rank["steps"] == 2 * 5 - 1  # 2 epochs of 5 steps, one skipped
+    for name, weight in rank0["weights"].items():
+        assert torch.isfinite(weight).all() and torch.equal(weight, rank1["weights"][name])
+
+
 # ---- sharded checkpoints (DCP) ------------------------------------------------------------------------
 
 RUN = ["--shuffle", "--dropout", "0.3", "--epochs", "3", "--every", "3", "--doctor"]
