@@ -218,18 +218,15 @@ class TimingRecorder:
 
     def close(self) -> None:
         """Remove the hooks and the collector's callback; every step timed is read at the next flush."""
-        self._hooks.remove()
-        self._gc.stop()
-        self.recompiles.stop()
-        self.host_syncs.end()
-        self.slow_layers.close()
-        self._wait.close()
+        self._detach()
         self._closed = True
         self.flush(wait=True)
-        if self.memory is not None:
-            self.memory.close()
 
     def fail(self) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        """Remove the hooks, the collector's callback and the watches; close the open files."""
         self._hooks.remove()
         self._gc.stop()
         self.recompiles.stop()
