@@ -145,31 +145,33 @@ def synthetic(n=120, grow=None, wait=0.0):
 
 
 @pytest.mark.parametrize(
-    ("grow", "wait", "found"),
+    ("grow", "wait", "parallel", "found"),
     [
-        (None, 0.0, False),
-        (DATA, 0.0, False),
-        (BACKWARD, 0.019, False),
-        (BACKWARD, 0.012, False),
-        (BACKWARD, 0.0, True),
+        (None, 0.0, False, False),
+        (DATA, 0.0, False, False),
+        (BACKWARD, 0.019, False, False),
+        (BACKWARD, 0.012, True, False),
+        (BACKWARD, 0.012, False, True),
+        (BACKWARD, 0.0, True, True),
     ],
     ids=[
         "flat",
         "the loader grew",
         "the machine got busy",
-        "the machine got busy, a pool",
+        "busy, a pool's threads wait in turn",
+        "busy, one thread's own time grew",
         "the compute grew",
     ],
 )
-def test_only_a_growth_of_the_steps_own_compute_is_a_slowdown(grow, wait, found):
+def test_only_a_growth_of_the_steps_own_compute_is_a_slowdown(grow, wait, parallel, found):
     steps, rows = synthetic(grow=grow, wait=wait)
     slowdown = Slowdown()
-    seen = [slowdown.check(steps[:end], rows[:end]) for end in range(40, 121, 10)]
+    seen = [slowdown.check(steps[:end], rows[:end], parallel) for end in range(40, 121, 10)]
     growth = next((g for g in seen if g is not None), None)
     assert (growth is not None) == found
     if found:
         assert (growth.first, growth.last, growth.seen) == (10, 41, 89)  # 20 of the latest 32 grew
-        assert growth.before == pytest.approx(0.010) and growth.now == pytest.approx(0.030)
+        assert growth.before == pytest.approx(0.010) and growth.now == pytest.approx(0.030 - wait)
         assert seen.count(growth) == 1  # found once
         resumed = Slowdown()  # from a checkpoint: found once over the resumed run too
         resumed.load_state_dict(slowdown.state_dict())

@@ -271,7 +271,7 @@ class TimingRecorder:
             return []
         self._ruled_at = self.steps_read
         steps, rows = self.recent.view()
-        growth = self.slowdown.check(steps, rows)
+        growth = self.slowdown.check(steps, rows, self._wait.parallel)
         if growth is not None and self.slow_layers.start is None and not self._closed:
             self.slow_layers.request(self._step + 1, STEPS, growth)
         found = [

@@ -5,8 +5,9 @@ threads waited for a core — of the first :data:`REFERENCE` steps after the war
 reference. At each run of the rules it compares the median of the last :data:`LATEST` steps: once that
 is :data:`FACTOR` times the reference or more, and at least :data:`MIN_GROWTH` longer, the steps are
 slower than the run's own start, and neither the loader (``data`` is not compute), a stall (one step
-does not move a median) nor a busy machine (its wait is taken out, and nothing is judged while the
-latest steps wait for a core :data:`~.stalls.BUSY` of their time or more) is the reason. The recorder then
+does not move a median) nor a busy machine (its wait is taken out; while an intra-op pool computes, whose
+threads' waits tell the machine's part less exactly, nothing is judged while the latest steps wait for
+a core :data:`~.stalls.BUSY` of their time or more) is the reason. The recorder then
 profiles a short window once (:mod:`~.slow_layers`), whose finding says what grew and names the modules
 that take the time now: a cache or a history that a layer attends over and that grows every step, a
 graph walked through ever more steps, a sequence length that grows.
@@ -54,8 +55,9 @@ class Slowdown:
         self.reference: tuple[int, int, float] | None = None  # first step, last step, median seconds
         self.growth: Growth | None = None
 
-    def check(self, steps: np.ndarray, rows: np.ndarray) -> Growth | None:
-        """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it first."""
+    def check(self, steps: np.ndarray, rows: np.ndarray, parallel: bool = False) -> Growth | None:
+        """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it first;
+        ``parallel``: other threads compute with the training thread."""
         if self.growth is not None or len(steps) < REFERENCE:
             return None
         compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
@@ -65,7 +67,7 @@ class Slowdown:
         if steps[-LATEST] <= last:
             return None
         now = float(np.median(compute[-LATEST:]))
-        if now < FACTOR * before or now - before < MIN_GROWTH or machine_busy(rows[-LATEST:]):
+        if now < FACTOR * before or now - before < MIN_GROWTH or (parallel and machine_busy(rows[-LATEST:])):
             return None
         self.growth = Growth(first, last, before, now, int(steps[-1]))
         return self.growth
