@@ -208,6 +208,7 @@ class ActivationRecorder:
         """The training step ends: its statistics become one pending record."""
         if not self._recording:
             return
+        self._hooks.rest()
         assert self._train is not None
         self._train.close_window(self._step)
         if not self.flow.settled:
@@ -470,6 +471,7 @@ class GradientRecorder:
         """The training step ends: the output-gradient window becomes one pending record."""
         if not self._recording:
             return
+        self._hooks.rest()
         self._grad_hooks.remove()
         if self._layers is not None:
             self._layers.close_window(self._step)

@@ -67,6 +67,7 @@ class SaturationRecorder:
         """Fold this step's shares into one device scalar per layer, keyed by the step."""
         if not self._recording:
             return
+        self._hooks.rest()
         for name, values in self._window.items():
             if values:
                 self._pending.append((name, self._step, torch.stack(values).mean()))
