@@ -309,3 +309,30 @@ def test_the_times_are_read_at_the_doctors_checks_only():
     seen = StepsRead()
     learner(in_memory(), seen).fit(2)  # 32 steps, a check every 10
     assert seen.seen == [0] * 9 + [10] * 10 + [20] * 10 + [30] * 3
+
+
+class SlowWhenEager(nn.Module):
+    """The CNN, 0.1 s slower when it runs eagerly: its compiled graph leaves the sleep out (dynamo folds
+    the branch), so only the steps the doctor records — run eagerly, hooks and all — are slow."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = cnn()
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            time.sleep(0.1)
+        return self.net(x)
+
+
+def test_the_eager_steps_a_compiled_model_is_recorded_in_are_no_stalls():
+    torch.set_num_threads(1)
+    model = torch.compile(SlowWhenEager(), backend="eager")
+    learn = hs.Learner(
+        model, (in_memory(), None), nn.CrossEntropyLoss(), cbs=[Doctor(quiet=True)], progress=False
+    )
+    learn.fit(13)  # 208 steps: recorded (eager) at 0-9, 50, 100, 150 and 200
+    timing = learn.doctor.engine.timing
+    noted = {s.step for s in timing.stalls.stalls if "a recorded step, run eagerly" in s.notes}
+    assert {50, 100, 150, 200} <= noted  # seen as slow, and known for the doctor's own
+    assert "step_stalls" not in kinds(learn.doctor.findings)

@@ -228,6 +228,10 @@ class _EagerWhileOn:
         except RuntimeError:  # "attempted to set_stance in a torch.compile region"
             self._stance = None
 
+    @property
+    def forcing(self) -> bool:
+        return self._stance is not None
+
     def release(self, holder: SwitchedHooks) -> None:
         finalizer = self._holders.get(id(holder))
         if finalizer is not None:
@@ -246,6 +250,12 @@ class _EagerWhileOn:
 
 
 _EAGER = _EagerWhileOn()
+
+
+def eager_forced() -> bool:
+    """Whether compiled code runs eagerly now because some :class:`SwitchedHooks` are on (a step the
+    doctor records): such a step is slower than the compiled ones by the doctor's choice."""
+    return _EAGER.forcing
 
 
 @dataclass

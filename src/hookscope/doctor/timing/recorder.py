@@ -55,8 +55,8 @@ from hookscope.doctor.timing.phases import (
 from hookscope.doctor.timing.recompiles import RecompileWatch
 from hookscope.doctor.timing.slow_layers import STEPS, ProfileWindow
 from hookscope.doctor.timing.slowdown import Slowdown
-from hookscope.doctor.timing.stalls import MIN_EXCESS, StallDetector, step_stalls
-from hookscope.hooks.handles import HookSet
+from hookscope.doctor.timing.stalls import EAGER_STEP, MIN_EXCESS, StallDetector, step_stalls
+from hookscope.hooks.handles import HookSet, eager_forced
 from hookscope.hooks.tensors import model_device
 
 RECENT = 512  # steps kept one by one: the stalls' share of the time is counted over them
@@ -399,6 +399,8 @@ class TimingRecorder:
     def _forward_starts(self, model: nn.Module, args: tuple) -> None:
         if model.training and torch.is_grad_enabled():
             self._forward_seen = True
+            if eager_forced() and EAGER_STEP not in self._open_notes:
+                self.note(EAGER_STEP)
             if self._phase in (DATA, VALID, BACKWARD):
                 self._switch(FORWARD)
         elif self._phase == DATA:

@@ -157,6 +157,7 @@ def isolated(stalls: list[Stall]) -> list[Stall]:
 
 
 CHECKPOINT_SAVE = "checkpoint save"  # the note a Checkpoint callback leaves on the step it saves in
+EAGER_STEP = "a recorded step, run eagerly"  # a compiled model's step the doctor records: its own cost
 
 
 def step_stalls(
@@ -165,7 +166,9 @@ def step_stalls(
     """The finding when the stalls among the recent ``steps`` are periodic or take much of the time."""
     if not len(steps):
         return None
-    recent = isolated([s for s in stalls if s.step >= steps[0]])
+    # a compiled model runs eagerly on the steps the doctor records (hooks see the eager model): that is
+    # the doctor's own cost, said in docs/performance.md, not a stall of the user's loop
+    recent = isolated([s for s in stalls if s.step >= steps[0] and EAGER_STEP not in s.notes])
     if len(recent) < min(MIN_PERIODIC, MIN_STALLS):
         return None
     total_time = float(rows[:, :STEP_PHASES].sum())
