@@ -35,7 +35,6 @@ phases has none to give.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 import warnings
 import weakref
@@ -59,6 +58,7 @@ from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.tensors import model_device
+from hookscope.train import distributed
 
 # A loop without batch events: each forward says whether it trains; errors name hs.watch.
 _WATCH_ENGINE: dict[str, Any] = {"training_of": module_in_training, "owner": "hs.watch"}
@@ -422,25 +422,7 @@ def _refuse_bad_arguments(model: Any, optimizer: Any, doctor: bool, stats: bool)
             "hs.watch: doctor=True reads the statistics that stats=False turns off; pass stats=True, "
             "or doctor=False for the guard alone"
         )
-    wrapper = _fsdp1_wrapper(model)
-    if wrapper is not None:
-        where = f"at {wrapper!r}" if wrapper else "around the whole model"
-        raise TypeError(
-            f"hs.watch: the model holds an FSDP1 FullyShardedDataParallel wrapper ({where}), whose flat "
-            "parameters are each rank's flattened slice: hookscope would name _fsdp_wrapped_module.* layers "
-            "and read one rank's slice; shard with FSDP2 instead (torch.distributed.fsdp.fully_shard per "
-            "block, then the root), which it reads whole under your module names"
-        )
-
-
-def _fsdp1_wrapper(model: nn.Module) -> str | None:
-    """The name of the first FSDP1 wrapper in ``model`` ("" for the root), None without one. Its module is
-    looked up only once imported: whoever built an FSDP1 model imported it."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    wrapper_type = getattr(fsdp, "FullyShardedDataParallel", None)
-    if wrapper_type is None:
-        return None
-    return next((name for name, m in model.named_modules() if isinstance(m, wrapper_type)), None)
+    distributed.refuse_fsdp1(model, "hs.watch")
 
 
 def _lock_report_folder(report: str | Path) -> Any:

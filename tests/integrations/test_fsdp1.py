@@ -1,4 +1,5 @@
-"""hs.watch (and the integrations built on it) refuse a model wrapped with FSDP1: 2 processes, gloo."""
+"""hs.watch (and the integrations built on it) and the Learner refuse a model wrapped with FSDP1: 2
+processes, gloo."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def test_an_fsdp1_wrapped_model_is_refused_in_one_line_on_both_ranks(tmp_path: P
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
-    around_root, inner = rank0["messages"]
+    around_root, inner, learner = rank0["messages"]
     assert "FSDP1" in around_root and "around the whole model" in around_root
     assert "at '0'" in inner  # the user's module inside the root wrapper: its first wrapped Linear
     assert "fully_shard" in around_root and "\n" not in around_root
+    assert learner.startswith("Learner: the model holds an FSDP1") and "Learner(shard=True)" in learner
     assert rank0 == rank1
     assert rank0["hooks"] == 0

@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -277,6 +278,26 @@ def is_sharded(model: nn.Module) -> bool:
     """True when ``model``'s parameters are sharded across ranks (DTensors: FSDP2's ``fully_shard``, tensor
     parallelism). Such a model runs its own collectives in forward and backward: it is not wrapped in DDP."""
     return any(local_part(p) is not p for p in model.parameters())
+
+
+def refuse_fsdp1(model: nn.Module, who: str) -> None:
+    """Refuse a model holding an FSDP1 ``FullyShardedDataParallel`` wrapper, in one line: its flat
+    parameters are each rank's flattened slice (hookscope would name ``_fsdp_wrapped_module.*`` layers and
+    read one rank's slice), and DDP cannot wrap it. Its module is looked up only once imported: whoever
+    built an FSDP1 model imported it."""
+    wrapper_type = getattr(sys.modules.get("torch.distributed.fsdp"), "FullyShardedDataParallel", None)
+    if wrapper_type is None:
+        return
+    name = next((name for name, m in model.named_modules() if isinstance(m, wrapper_type)), None)
+    if name is None:
+        return
+    where = f"at {name!r}" if name else "around the whole model"
+    raise TypeError(
+        f"{who}: the model holds an FSDP1 FullyShardedDataParallel wrapper ({where}), whose flat "
+        "parameters are each rank's flattened slice: hookscope would name _fsdp_wrapped_module.* layers "
+        "and read one rank's slice; shard with FSDP2 instead (torch.distributed.fsdp.fully_shard per "
+        "block, then the root, or Learner(shard=True)), which it reads whole under your module names"
+    )
 
 
 def default_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -99,6 +99,7 @@ class Learner:
         if not callable(loss_func):
             raise TypeError(f"Learner: loss_func must be callable as loss_func(pred, *yb), not {loss_func!r}")
         _refuse_meta(model)
+        distributed.refuse_fsdp1(model, "Learner")
         _refuse_raw_tensors(dls)
         self.device = distributed.device_for_rank(
             torch.device(device) if device is not None else model_device(model)
