@@ -14,10 +14,8 @@ from torch import nn
 from hookscope import compat
 from hookscope.doctor.timing import TimingRecorder
 
-# the recorder's clock read in the root forward's hooks is a graph break, as it is under hs.watch
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Dynamo does not know how to trace the builtin `time.perf_counter"
-)
+# the recorder's hooks are not traced (torch.compiler.disable): dynamo has nothing to warn of
+pytestmark = pytest.mark.filterwarnings("error:Dynamo does not know how to trace")
 
 
 @pytest.fixture(autouse=True)
