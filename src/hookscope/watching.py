@@ -120,6 +120,7 @@ class Watch:
     ) -> None:
         _refuse_bad_arguments(model, optimizer, doctor, stats)
         # A torch.compile'd model: hook the user's module, so names read as in their code (no _orig_mod.)
+        compiled = compat.uncompiled(model) is not model
         model = compat.uncompiled(model)
         if model in _OPEN:
             raise RuntimeError(
@@ -137,6 +138,7 @@ class Watch:
         if stats:
             settings = dict(select=select, every=every, check_every=check_every, thresholds=thresholds)
             self._engine = Engine(**settings, quiet=quiet, diagnose=doctor, **_WATCH_ENGINE)
+            self._engine.timing.compiled = compiled
         self.watch_loader(loader)
         self._guard = NonFiniteCheck(None, training=module_in_training) if guard else None
         self._hooks = HookSet()

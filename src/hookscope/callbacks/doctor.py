@@ -157,7 +157,9 @@ class Doctor(Callback):
         self.engine.quiet = self.quiet or not distributed.is_rank_zero()
         if not self._started and self.learn.resumed_from is None:
             self._check_data()  # before the engine's hooks: preflight trains a copy of the model
-        self.engine.attach(compat.uncompiled(self.learn.model))  # names as in the eager model
+        model = self.learn.model
+        self.engine.timing.compiled = compat.uncompiled(model) is not model
+        self.engine.attach(compat.uncompiled(model))  # names as in the eager model
         self.engine.watch_loader(self.learn.dls.train)
         if self.profile and not self._started:
             self.engine.timing.profile_layers()

@@ -114,6 +114,7 @@ class TimingRecorder:
         self.host_syncs = SyncSampler(warmup)  # CUDA: the syncs of a few sampled steps
         self.slow_layers = ProfileWindow(self.note)  # on request: the modules' share of the time
         self.slowdown = Slowdown()  # steps slower than at the run's start: profiled once by themselves
+        self.compiled = False  # the loop runs the model through torch.compile (its caller says so)
 
     # ---- feed ----------------------------------------------------------------------------------------
 
@@ -399,7 +400,8 @@ class TimingRecorder:
     def _forward_starts(self, model: nn.Module, args: tuple) -> None:
         if model.training and torch.is_grad_enabled():
             self._forward_seen = True
-            if eager_forced() and EAGER_STEP not in self._open_notes:
+            # only a compiled model is slower eager; any model runs hooked while the doctor records
+            if self.compiled and eager_forced() and EAGER_STEP not in self._open_notes:
                 self.note(EAGER_STEP)
             if self._phase in (DATA, VALID, BACKWARD):
                 self._switch(FORWARD)
