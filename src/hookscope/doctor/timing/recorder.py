@@ -251,7 +251,7 @@ class TimingRecorder:
             if step >= self.warmup:
                 self.recent.add(step, row)
                 new += 1
-        if not self._closed:
+        if rows and not self._closed:  # a check flushes twice: its second read finds no new step
             self._wait.choose()  # the threads that compute the steps now (the intra-op pool may change)
         if new:
             steps, table = self.recent.view(BASELINE)
