@@ -3,9 +3,12 @@
 On CUDA: ``torch.cuda.memory_allocated`` (a host-side counter of the caching allocator, no
 synchronisation) against the device's total memory. On the CPU: the process's resident memory, from
 ``/proc/self/statm`` on Linux (one read of an open file) or ``psutil`` where it is installed, against the
-machine's physical memory — less, with glibc, the memory ``malloc`` holds free (``mallinfo2``, about a
-microsecond): a long-lived process keeps freed memory resident and refills it first, so a leak would
-not move the resident size until that memory is used up; in use, it grows from the first step.
+machine's physical memory — less, with glibc, the memory ``malloc`` holds free (``mallinfo2``): a
+long-lived process keeps freed memory resident and refills it first, so a leak would not move the
+resident size until that memory is used up; in use, it grows from the first step. Outputs kept with
+their graphs, the usual leak, refill it: the resident size alone would miss them.
+``mallinfo2`` walks malloc's free lists, which lengthen with every fit a process runs (measured: 1 us
+at the start, 270 us after eleven small fits, 12,000 free chunks holding 1 MB).
 """
 
 from __future__ import annotations
