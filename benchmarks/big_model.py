@@ -6,15 +6,19 @@ in a hand-written loop. Measured:
 
 - attach time: ``hs.watch(model, opt)`` (hooks on every watched module, the optimizer's hooks) and the
   doctor's engine alone (``Engine().attach``: what ``Doctor`` does in ``before_fit``), median over rounds;
-- cost per step at the defaults: the same 12 steps bare and under ``hs.watch(model, opt, quiet=True)``,
-  alternating, the median of the paired ratios (target <= 1.05x);
+- cost per step at the defaults: the same 40 steps bare and under ``hs.watch(model, opt, quiet=True)``,
+  alternating, the median of the paired ratios (target <= 1.05x). Forty steps hold the doctor's
+  warm-up, whose 10 steps it records, so this is the cost of a short run; each step is also timed
+  against the bare step at the same place in the round, recorded and unrecorded apart, and the default
+  schedule (every step of the first 10, then every 50th) turns the two into the cost of runs of 100,
+  1,000 and 10,000 steps;
 - the memory the doctor's histories hold, per module, measured after the run, against the bound the code
   sets whatever the run's length: ``history`` (1000) records per module for activations and for output
   gradients — a history holding more is thinned to half — each record a histogram of ``bins`` (50) int64
   counts, one float64 per channel (dim 1 of the output: the 128 positions here) and ~0.5 KB of fields;
 - the report: ``report.html`` written at close, its size and how many modules it covers.
 
-    python benchmarks/big_model.py [--quick] [--rounds N] [--steps S] [--clock cpu]
+    python benchmarks/big_model.py [--quick] [--rounds N] [--clock cpu]
 
 ``--quick`` uses a 2-block, 64-wide GPT-2 to check that the script runs; figures come from the full model
 on a quiet machine.
@@ -39,6 +43,9 @@ from hookscope.doctor.recorders import ActivationRecorder
 
 LR = 1e-4
 BATCH, TOKENS = 2, 128
+STEPS = 40  # per round: the doctor's 10 recorded warm-up steps, then 30 it does not record
+# The doctor's default schedule when nothing is suspicious: every step of the first 10, then every 50th.
+WARMUP, EVERY = 10, 50
 # Bytes of one history record besides its arrays: the StepStats and TensorStats objects, their boxed
 # numbers and two ndarray headers (measured with sys.getsizeof on CPython 3.11: ~0.5 KB).
 RECORD_FIELDS = 512
@@ -60,8 +67,17 @@ def batches(model: torch.nn.Module, steps: int, tokens: int) -> list[torch.Tenso
     return [torch.randint(0, vocab, (BATCH, tokens), generator=generator) for _ in range(steps)]
 
 
-def loop(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list[torch.Tensor], watch=None) -> None:
+def loop(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    data: list[torch.Tensor],
+    watch=None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Train one step per batch of ``data``; returns each step's seconds."""
+    seconds = []
     for ids in data:
+        start = clock()
         logits = model(input_ids=ids).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         if watch is not None:
@@ -69,22 +85,59 @@ def loop(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list[torch.Te
         loss.backward()
         opt.step()
         opt.zero_grad()
+        seconds.append(clock() - start)
+    return seconds
 
 
-def timed_steps(model, opt, data, clock: Callable[[], float], watched: bool, attach: list[float]) -> float:
+def timed_steps(
+    model, opt, data, clock: Callable[[], float], watched: bool, attach: list[float], each: dict
+) -> float:
     """Seconds per step of the loop over ``data``, bare or under ``hs.watch`` (its attach time appended
-    to ``attach``; attaching and the closing check are outside the step figure)."""
+    to ``attach``; attaching and the closing check are outside the step figure). Each step's seconds go
+    to ``each`` by its place in the round: under "bare", or "recorded" / "unrecorded" (whether the doctor
+    took statistics of it)."""
     watch = None
     if watched:
         start = time.perf_counter()
         watch = hs.watch(model, opt, quiet=True)
         attach.append(time.perf_counter() - start)
-    start = clock()
-    loop(model, opt, data, watch)
-    seconds = clock() - start
-    if watch is not None:
-        watch.close()
-    return seconds / len(data)
+    per_step = loop(model, opt, data, watch, clock)
+    if watch is None:
+        for place, seconds in enumerate(per_step):
+            each.setdefault("bare", {}).setdefault(place, []).append(seconds)
+        return sum(per_step) / len(data)
+    watch.close()
+    recorded = {record.step for records in watch.activations.values() for record in records}
+    for place, seconds in enumerate(per_step):
+        kind = "recorded" if place in recorded else "unrecorded"
+        each.setdefault(kind, {}).setdefault(place, []).append(seconds)
+    return sum(per_step) / len(data)
+
+
+def schedule_lines(each: dict[str, dict[int, list[float]]]) -> list[str]:
+    """The cost of a step the doctor records and of one it does not, each against the bare step at the
+    same place in the round (the first steps of a round are slower), and what the default schedule
+    makes of them over runs of several lengths."""
+    if "unrecorded" not in each or "recorded" not in each:
+        return ["  (too few steps per round to tell recorded from unrecorded steps)"]
+    bare = {place: median(seconds) for place, seconds in each["bare"].items()}
+
+    def ratio(kind: str) -> tuple[float, int]:
+        ratios = [s / bare[place] for place, seconds in each[kind].items() for s in seconds]
+        return median(ratios), len(ratios)
+
+    (recorded, n_recorded), (unrecorded, n_unrecorded) = ratio("recorded"), ratio("unrecorded")
+    lines = [
+        f"  per step, against the bare step at the same place: recorded {recorded:.3f}x ({n_recorded} "
+        f"steps), not recorded {unrecorded:.3f}x ({n_unrecorded} steps)"
+    ]
+    for n in (100, 1_000, 10_000):
+        kept = min(n, WARMUP) + len(range(EVERY, n, EVERY))
+        lines.append(
+            f"  a run of {n:,} steps at that schedule ({kept} recorded): "
+            f"{(kept * recorded + (n - kept) * unrecorded) / n:.3f}x"
+        )
+    return lines
 
 
 def engine_attach(model: torch.nn.Module) -> float:
@@ -124,7 +177,7 @@ def memory_lines(watch: hs.Watch, tokens: int) -> list[str]:
 
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
-    steps = 2 if args.quick else 12
+    steps = 2 if args.quick else STEPS
     rounds = 1 if args.quick else args.rounds
     tokens = 16 if args.quick else TOKENS
     clock = CLOCKS[args.clock]
@@ -136,9 +189,10 @@ def main() -> None:
     loop(model, opt, data[:1])  # warm-up: the optimizer's state, the allocator
 
     attach: list[float] = []
+    each: dict[str, dict[int, list[float]]] = {}
     variants = {
-        "bare loop": lambda: timed_steps(model, opt, data, clock, False, attach),
-        "hs.watch (defaults)": lambda: timed_steps(model, opt, data, clock, True, attach),
+        "bare loop": lambda: timed_steps(model, opt, data, clock, False, attach, each),
+        "hs.watch (defaults)": lambda: timed_steps(model, opt, data, clock, True, attach, each),
     }
     times = run_alternating(variants, rounds)
     per_step = {name: median(values) * 1e6 for name, values in times.items()}
@@ -146,6 +200,8 @@ def main() -> None:
         format_table(f"{steps} steps per round, {rounds} rounds ({args.clock} clock)", per_step, "bare loop")
     )
     print(f"  paired ratio: {paired_ratio(times, 'hs.watch (defaults)', 'bare loop'):.3f}x")
+    for line in schedule_lines(each):
+        print(line)
     engine = median([engine_attach(model) for _ in range(rounds)])
     print(f"attach: hs.watch {median(attach) * 1e3:.0f} ms, the doctor's engine {engine * 1e3:.0f} ms")
 
