@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from timing_loops import Feed, cnn, in_memory, run, stall_every, train
 
-from hookscope.doctor.timing.stalls import period
+from hookscope.doctor.timing.phases import COLUMNS, PHASES
+from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, period, step_stalls
 
 
 def test_a_periodic_stall_is_found_with_its_period():
@@ -55,6 +56,23 @@ def test_a_noted_checkpoint_is_named():
     finding = {f.kind: f for f in feed.close()}["step_stalls"]
     assert finding.evidence["notes"] == {"checkpoint save": 4}
     assert "checkpoint save ran in 4 of the 4 stalls" in finding.message
+
+
+def test_checkpoint_saves_stay_info_with_a_stray_slow_step_among_them():
+    """The saves' stalls are the price of the user's choice (info); a busy machine's one slow step among
+    them does not make them a fault, other stalls that take much of the extra time do (warning)."""
+    steps = np.arange(110)
+    rows = np.zeros((len(steps), len(COLUMNS)))
+    rows[:, PHASES.index("forward")] = 0.01
+    other, forward = PHASES.index("other"), PHASES.index("forward")
+    saves = [Stall(step, 0.21, 0.01, other, 0.0, (CHECKPOINT_SAVE,)) for step in (25, 50, 75, 100)]
+    stray = Stall(62, 0.06, 0.01, forward, 0.0, ())
+    found = step_stalls([*saves, stray], steps, rows, None)
+    assert found.evidence["notes"] == {CHECKPOINT_SAVE: 4} and found.evidence["stalls"] == 5
+    assert found.severity == "info"
+    assert step_stalls(saves, steps, rows, None).severity == "info"
+    slow = [Stall(step, 0.5, 0.01, forward, 0.0, ()) for step in (33, 88)]
+    assert step_stalls([*saves, *slow], steps, rows, None).severity == "warning"
 
 
 def test_a_healthy_loop_and_a_slow_start_are_silent():

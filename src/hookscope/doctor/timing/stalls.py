@@ -157,6 +157,7 @@ def isolated(stalls: list[Stall]) -> list[Stall]:
 
 
 CHECKPOINT_SAVE = "checkpoint save"  # the note a Checkpoint callback leaves on the step it saves in
+SAVES_SHARE = 0.75  # of the stalls' extra time, in checkpoint saves: the stalls are the saves' price (info)
 EAGER_STEP = "a recorded step, run eagerly"  # a compiled model's step the doctor records: its own cost
 
 
@@ -178,14 +179,15 @@ def step_stalls(
     periodic = every is not None and len(recent) >= MIN_PERIODIC and share >= PERIODIC_SHARE
     if not periodic and (len(recent) < MIN_STALLS or share < SHARE):
         return None
-    # stalls that are all the run's own checkpoint saves are the price of a choice the user made: a fact
-    # worth knowing (info), not a fault
-    saves = all(CHECKPOINT_SAVE in s.notes for s in recent)
+    # stalls whose extra time is mostly the run's own checkpoint saves are the price of a choice the user
+    # made: a fact worth knowing (info), not a fault; a stray slow step among them (a busy machine) does
+    # not make them one
+    saved = sum(s.seconds - s.usual for s in recent if CHECKPOINT_SAVE in s.notes)
     return Finding(
         "step_stalls",
         "",
         recent[-1].step,
-        "info" if saves else "warning",
+        "info" if saved >= SAVES_SHARE * extra else "warning",
         _message(recent, share, every, epoch_length, len(steps)),
         _evidence(recent, share, every),
     )
