@@ -1,5 +1,5 @@
 """The memory probe reads the process's resident memory as it grows, and knows the machine's total;
-the collector's time is read from gc.callbacks."""
+its cadence reads it less often while a read is slow; the collector's time is read from gc.callbacks."""
 
 import gc
 import mmap
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hookscope.doctor.timing.gc_time import GcTime
-from hookscope.doctor.timing.memory import MemoryProbe
+from hookscope.doctor.timing.memory import BUDGET, DENSE, MAX_FACTOR, MemoryCadence, MemoryProbe
 
 
 def test_the_probe_follows_the_resident_memory():
@@ -36,3 +36,54 @@ def test_the_collectors_time_is_counted_between_takes():
     clock.stop()
     gc.collect()
     assert seconds > 0 and clock.take() == 0.0
+
+
+# ---- the cadence of the reads ----------------------------------------------------------------------------
+
+
+def read_steps(cadence, steps, cost, between):
+    """The steps a cadence reads over ``steps`` steps, each read taking ``cost`` seconds and each step
+    ``between`` seconds (a clock of our own)."""
+    now, read = 0.0, []
+    for step in range(steps):
+        if cadence.due(step):
+            read.append(step)
+            cadence.read(step, now, now + cost)
+            now += cost
+        now += between
+    return read
+
+
+def test_the_first_samples_come_every_4th_step_however_slow_the_read():
+    cadence = MemoryCadence(4, adaptive=True)
+    read = read_steps(cadence, 4 * DENSE, cost=0.01, between=0.001)
+    assert read == list(range(0, 4 * DENSE, 4))
+
+
+def test_a_slow_read_then_doubles_the_interval_up_to_16_times():
+    cadence = MemoryCadence(4, adaptive=True)
+    read = read_steps(cadence, 4000, cost=0.01, between=0.001)
+    gaps = np.diff(read[DENSE:]).tolist()  # from the first read past the dense ones
+    assert gaps[:5] == [8, 16, 32, 64, 64] and set(gaps[5:]) == {64}
+    assert cadence.every == 4 * MAX_FACTOR
+
+
+def test_a_read_that_turns_cheap_brings_the_interval_back():
+    cadence = MemoryCadence(4, adaptive=True)
+    read_steps(cadence, 2000, cost=0.01, between=0.001)
+    # a read of 1 µs between steps of 10 ms: far under a quarter of the budget
+    read = read_steps(cadence, 4000, cost=1e-6, between=0.01)
+    assert cadence.every == 4 and np.diff(read[-10:]).tolist() == [4] * 9
+
+
+def test_a_cheap_read_keeps_the_base_interval():
+    cadence = MemoryCadence(4, adaptive=True)
+    cost = BUDGET * 4 * 0.01 / 2  # half the budget of the 4 steps of 10 ms between two reads
+    read = read_steps(cadence, 1000, cost=cost, between=0.01)
+    assert read == list(range(0, 1000, 4))
+
+
+def test_an_interval_the_user_chose_is_kept():
+    cadence = MemoryCadence(3, adaptive=False)
+    read = read_steps(cadence, 600, cost=0.01, between=0.0001)
+    assert read == list(range(0, 600, 3))

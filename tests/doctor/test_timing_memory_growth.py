@@ -1,9 +1,13 @@
 """memory_growth: a loop that keeps a new 2 MB buffer every step is found with its rate; memory that
 rises once (a cache) and stays flat is not."""
 
-import numpy as np
-from timing_loops import Leak, in_memory, run
+import time
 
+import numpy as np
+from timing_loops import Leak, collect_earlier_garbage, in_memory, run
+from torch import nn
+
+from hookscope.doctor.timing import TimingRecorder
 from hookscope.doctor.timing.memory_growth import growth_start, memory_growth, robust_slope
 
 MB = 1 << 20
@@ -11,6 +15,7 @@ MB = 1 << 20
 
 def test_a_leak_of_2_mb_per_step_is_found_with_its_rate():
     leak = Leak(mb=2.0)
+    collect_earlier_garbage()
     found = {f.kind: f for f in run(in_memory(), 120, on_forward=leak).close()}
     assert set(found) == {"memory_growth"}
     finding = found["memory_growth"]
@@ -56,3 +61,42 @@ def test_a_sawtooth_whose_every_run_climbs_but_the_whole_does_not_is_no_growth()
     assert memory_growth(steps, values, "process memory", "the machine's", 2**34) is None
     climbing = 400e6 + np.arange(runs * SEGMENT) * 4e5
     assert memory_growth(steps, climbing, "process memory", "the machine's", 2**34) is not None
+
+
+class SlowProbe:
+    """A memory probe whose read takes 2 ms (a long heap walk) and sees ``used(step)`` bytes."""
+
+    what, where, total = "the process's resident memory in use", "the machine's", 1 << 40
+
+    def __init__(self, used):
+        self.used, self.step, self.steps_read = used, 0, []
+
+    def read(self):
+        time.sleep(0.002)
+        self.steps_read.append(self.step)
+        return self.used(self.step)
+
+    def close(self):
+        pass
+
+
+def test_a_leak_that_starts_late_is_found_while_slow_reads_are_spread_out():
+    recorder = TimingRecorder()
+    recorder.attach(nn.Linear(2, 2))
+    probe = recorder.memory = SlowProbe(lambda step: (1 << 30) + max(0, step - 600) * MB)
+    found = []
+    for step in range(2200):
+        probe.step = step
+        recorder.begin_batch(step, training=True)
+        recorder.gradients_ready()
+        recorder.step_done()
+        recorder.end_batch()
+        if step % 10 == 9:
+            found += recorder.findings()
+    recorder.close()
+    growth = {f.kind: f for f in found + recorder.findings()}["memory_growth"]
+    assert np.diff(probe.steps_read[-5:]).tolist() == [64] * 4  # 2 ms reads between ~0 ms steps
+    assert len(probe.steps_read) < 80  # instead of 550 at every 4th step
+    # the start is as exact as the samples are dense: within a run of 6 samples 64 steps apart
+    assert 600 - 6 * 64 <= growth.evidence["since"] <= 700 and growth.step <= 600 + 20 * 64
+    assert 0.9 * MB <= growth.evidence["bytes_per_step"] <= 1.1 * MB

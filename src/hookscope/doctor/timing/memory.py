@@ -8,7 +8,9 @@ long-lived process keeps freed memory resident and refills it first, so a leak w
 resident size until that memory is used up; in use, it grows from the first step. Outputs kept with
 their graphs, the usual leak, refill it: the resident size alone would miss them.
 ``mallinfo2`` walks malloc's free lists, which lengthen with every fit a process runs (measured: 1 us
-at the start, 270 us after eleven small fits, 12,000 free chunks holding 1 MB).
+at the start, 270 us after eleven small fits, 12,000 free chunks holding 1 MB; up to 1.5 ms late in a
+long process). :class:`MemoryCadence` keeps that cost bounded: after the samples the rule needs at the
+start, a read that costs more than :data:`BUDGET` of the time since the one before doubles the interval.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import os
 from collections.abc import Callable
 
 import torch
+
+DENSE = 32  # samples at the base interval whatever they cost: the rule's first verdicts stay as prompt
+BUDGET = 0.0025  # of the time between two reads, at most, once the dense samples are taken
+MAX_FACTOR = 16  # the interval grows to 16 x the base at most: a late leak shows within 18 x 16 x base steps
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -41,6 +47,36 @@ class MemoryProbe:
         close = getattr(self.read, "close", None)
         if close is not None:
             close()
+
+
+class MemoryCadence:
+    """When to read the memory: every ``every`` steps; with ``adaptive``, past the first :data:`DENSE`
+    samples, the interval doubles (up to :data:`MAX_FACTOR` times ``every``) after a read that took more
+    than :data:`BUDGET` of the time since the read before, and halves back after one that took less than
+    a quarter of that. A leak grows at every step, so sparser samples still show it, later; a growing heap
+    walk (``mallinfo2``) then costs at most about a quarter of a percent of the training time."""
+
+    def __init__(self, every: int, adaptive: bool) -> None:
+        self.base = self.every = every
+        self.adaptive = adaptive
+        self.taken = 0
+        self.next = 0  # the next step read
+        self._last: float | None = None  # when the last read ended (seconds)
+
+    def due(self, step: int) -> bool:
+        return step >= self.next
+
+    def read(self, step: int, started: float, ended: float) -> None:
+        """Step ``step`` was read from ``started`` to ``ended`` (seconds of one clock): set the next one."""
+        since, self._last = (started - self._last if self._last is not None else None), ended
+        self.taken += 1
+        if self.adaptive and self.taken > DENSE and since is not None and since > 0:
+            share = (ended - started) / since
+            if share > BUDGET and self.every < self.base * MAX_FACTOR:
+                self.every *= 2
+            elif share < BUDGET / 4 and self.every > self.base:
+                self.every //= 2
+        self.next = step - step % self.base + self.every
 
 
 class _Statm:

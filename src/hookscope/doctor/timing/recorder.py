@@ -14,7 +14,9 @@ Each feed call that changes the phase (see :mod:`~hookscope.doctor.timing.phases
 (:mod:`~.history`) and judges each new step once for stalls; :meth:`~TimingRecorder.findings` runs the
 rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of the layers once the steps
 grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned
-before. Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step. The first
+before. Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU,
+less often once a read costs more than a quarter of a percent of the time between two: see
+:class:`~.memory.MemoryCadence`). The first
 ``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but judged by
 no rule.
 
@@ -23,6 +25,7 @@ Per step it costs five to six clock reads (or event records) and a few Python ca
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -39,7 +42,7 @@ from hookscope.doctor.timing.host_clock import HostClock
 from hookscope.doctor.timing.host_syncs import SyncSampler
 from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
-from hookscope.doctor.timing.memory import MemoryProbe
+from hookscope.doctor.timing.memory import MemoryCadence, MemoryProbe
 from hookscope.doctor.timing.memory_growth import memory_growth
 from hookscope.doctor.timing.phases import (
     BACKWARD,
@@ -70,7 +73,8 @@ MIN_CALLBACK = MIN_EXCESS / 2  # seconds: a callback call shorter than this cann
 
 class TimingRecorder:
     """Phase times per optimizer step, memory every ``memory_every`` steps (None: every step on CUDA,
-    every 4th on the CPU), the first ``warmup`` steps left out of the rules. ``loader``: the training
+    every 4th on the CPU and less often while a read is slow), the first ``warmup`` steps left out of the
+    rules. ``loader``: the training
     DataLoader, whose settings ``input_bound`` names (also :meth:`watch_loader`)."""
 
     # Its histories are bounded by their own blocks: the engine's cadence has nothing to follow here.
@@ -83,7 +87,7 @@ class TimingRecorder:
                 "memory_every >= 1 (or None)"
             )
         self.warmup, self.memory_every_asked = warmup, memory_every
-        self.memory_every = memory_every or 1
+        self.memory_cadence = MemoryCadence(memory_every or 1, adaptive=False)
         self.loader: LoaderSettings | None = None
         self.epoch_length: int | None = None
         self.watch_loader(loader)
@@ -128,7 +132,8 @@ class TimingRecorder:
         if self.memory is not None:
             self.memory.close()
         self.memory = MemoryProbe(self.device)
-        self.memory_every = self.memory_every_asked or (1 if self.device.type == "cuda" else 4)
+        every = self.memory_every_asked or (1 if self.device.type == "cuda" else 4)
+        self.memory_cadence = MemoryCadence(every, adaptive=self.memory_every_asked is None)
         self._hooks.forward_pre(model, self._forward_starts)
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
@@ -190,7 +195,7 @@ class TimingRecorder:
         self._switch(DATA)
 
     def end_batch(self) -> None:
-        """The training step ends: close its row; sample memory every ``memory_every`` steps."""
+        """The training step ends: close its row; sample memory when its cadence says."""
         self._switch(DATA)
         self.host_syncs.end()
         self.slow_layers.end_batch()
@@ -201,8 +206,11 @@ class TimingRecorder:
         slowest = self.callback_time.take()
         if slowest is not None and slowest[1] >= MIN_CALLBACK:
             self._slowest[self._step] = slowest
-        if self.memory is not None and self._step % self.memory_every == 0:
-            self._take_memory(self._step, self.memory.read())
+        if self.memory is not None and self.memory_cadence.due(self._step):
+            started = time.perf_counter()
+            used = self.memory.read()
+            self.memory_cadence.read(self._step, started, time.perf_counter())
+            self._take_memory(self._step, used)
 
     def begin_valid(self) -> None:
         self._switch(VALID)
@@ -251,8 +259,6 @@ class TimingRecorder:
             if step >= self.warmup:
                 self.recent.add(step, row)
                 new += 1
-        if rows and not self._closed:  # a check flushes twice: its second read finds no new step
-            self._wait.choose()  # the threads that compute the steps now (the intra-op pool may change)
         if new:
             steps, table = self.recent.view(BASELINE)
             self.stalls.judge(
@@ -271,6 +277,8 @@ class TimingRecorder:
         if self._ruled_at is not None and self.steps_read - self._ruled_at < RULES_EVERY and not self._closed:
             return []
         self._ruled_at = self.steps_read
+        if not self._closed:  # the threads that compute the steps now (the intra-op pool may change)
+            self._wait.choose()
         steps, rows = self.recent.view()
         growth = self.slowdown.check(steps, rows, self._wait.parallel)
         if growth is not None and self.slow_layers.start is None and not self._closed:
