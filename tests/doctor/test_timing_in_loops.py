@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 import torch.nn.functional as F
-from timing_loops import Leak, SlowImages, cnn, images, in_memory, stall_every
+from timing_loops import Leak, SlowImages, cnn, collect_earlier_garbage, images, in_memory, stall_every
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -149,6 +149,7 @@ class TracksPredictions(Callback):
 
 def test_the_learner_joins_memory_growth_to_the_graphs_kept_alive():
     learn = learner(in_memory(), TracksPredictions())
+    collect_earlier_garbage()
     learn.fit(6)  # 96 steps: ~1 MB of saved activations each
     by_kind = {f.kind: f for f in learn.doctor.findings}
     assert {"graph_kept_alive", "memory_growth"} <= set(by_kind)
@@ -214,6 +215,7 @@ def test_hs_watch_names_what_the_loop_noted_in_its_stalls(tmp_path):
 
 def test_hs_watch_names_a_leak_with_its_rate_and_nothing_else():
     leak = Leak(mb=1.0)
+    collect_earlier_garbage()
     found = kinds(watched_loop(in_memory(), 100, lambda w, i: leak(i)))
     assert set(found) == {"memory_growth"}
     assert 0.7 * (1 << 20) <= found["memory_growth"].evidence["bytes_per_step"] <= 1.5 * (1 << 20)
@@ -221,6 +223,7 @@ def test_hs_watch_names_a_leak_with_its_rate_and_nothing_else():
 
 def test_hs_watch_joins_memory_growth_to_the_predictions_kept_with_their_graphs():
     x, kept = images(64)[0], []
+    collect_earlier_garbage()
     found = {f.kind: f for f in watched_loop(in_memory(), 100, lambda w, i: kept.append(w.model(x)))}
     assert ("memory_growth", "") in found["graph_kept_alive"].explains
 

@@ -1,6 +1,7 @@
 """Plain training loops for the timing rules, and :class:`Feed`, which feeds a TimingRecorder from them the
 way ``hs.watch`` does (see ``protocol_loops.Feed``); the recorder hooks the model's root forward itself."""
 
+import gc
 import mmap
 import time
 
@@ -97,6 +98,12 @@ def run(data, steps, every_step=None, on_forward=None, **options):
     feed = Feed(model, opt, **options)
     train(model, opt, feed, data, steps, every_step)
     return feed
+
+
+def collect_earlier_garbage():
+    """Free the garbage of earlier tests now: a collection in the middle of a leak test gives back tens
+    of MB there, and the memory samples after that drop are too few for memory_growth."""
+    gc.collect()
 
 
 class Leak:
