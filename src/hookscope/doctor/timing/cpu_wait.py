@@ -6,7 +6,7 @@ its second field: nanoseconds spent waiting on a run queue), so a step slowed by
 from one slowed by the loop: a sleep, a disk or a lock is no wait for a core, a busy machine is. The
 training thread waits for its intra-op threads (a parallel region ends when the slowest worker does), so
 the wait of a step is the longest any of them waited: the training thread's and that of the
-:data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (the doctor's checks)
+:data:`BUSIEST` threads that used the most CPU since the last :meth:`CpuWait.choose` (when the rules run)
 — those that used :data:`HELPER` of the training thread's CPU time at least: one thread reads one file.
 Where the files are missing (another system, a kernel without scheduler statistics) the wait reads as 0.
 :attr:`CpuWait.parallel` says whether other threads computed alongside the training thread since the last
