@@ -6,6 +6,7 @@ Importable by spawned worker processes (the several-processes test)."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,7 @@ from hookscope.data.digits import digits_loaders
 from hookscope.integrations.optuna import DoctorPruning
 
 GOOD, DOOMED = 0.1, 10.0
+BUILD = threading.Lock()
 LRS = [GOOD, DOOMED, GOOD, DOOMED]
 
 
@@ -38,8 +40,9 @@ def objective(trial: optuna.Trial, folder: Path, epochs: int = 2) -> float:
     """Train the trial's fit, pruned by the doctor or the study's pruner; returns the last valid_loss."""
     lr = trial.suggest_float("lr", 1e-3, 100.0, log=True)
     name = f"trial-{trial.number}"
-    torch.manual_seed(trial.number)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    with BUILD:  # trials in threads share torch's global RNG: seed and build each model at once
+        torch.manual_seed(trial.number)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     cbs = [
         hs.callbacks.Doctor(quiet=True),
         hs.callbacks.RunFolder(folder / "runs" / name, figures=False),
