@@ -40,12 +40,11 @@ from common import CLOCKS, benchmark_args, format_table, median, paired_ratio, r
 import hookscope as hs
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.recorders import ActivationRecorder
+from hookscope.doctor.schedule import RecordingSchedule
 
 LR = 1e-4
 BATCH, TOKENS = 2, 128
 STEPS = 40  # per round: the doctor's 10 recorded warm-up steps, then 30 it does not record
-# The doctor's default schedule when nothing is suspicious: every step of the first 10, then every 50th.
-WARMUP, EVERY = 10, 50
 # Bytes of one history record besides its arrays: the StepStats and TensorStats objects, their boxed
 # numbers and two ndarray headers (measured with sys.getsizeof on CPython 3.11: ~0.5 KB).
 RECORD_FIELDS = 512
@@ -132,7 +131,7 @@ def schedule_lines(each: dict[str, dict[int, list[float]]]) -> list[str]:
         f"steps), not recorded {unrecorded:.3f}x ({n_unrecorded} steps)"
     ]
     for n in (100, 1_000, 10_000):
-        kept = min(n, WARMUP) + len(range(EVERY, n, EVERY))
+        kept = sum(map(RecordingSchedule(), range(n)))  # the default schedule, nothing suspicious
         lines.append(
             f"  a run of {n:,} steps at that schedule ({kept} recorded): "
             f"{(kept * recorded + (n - kept) * unrecorded) / n:.3f}x"

@@ -97,11 +97,9 @@ class SelfTimes:
         for owner, name in ENTRY_POINTS:
             setattr(owner, name, self.timed(f"{owner.__name__}.{name}", getattr(owner, name)))
         for name in ("_arriving", "_arrived"):  # the stale-gradient hooks, made per watched parameter
-            make = getattr(StaleGradients, name)
-            wrapped = functools.partial(
-                lambda make, label, w: self.timed(label, make(w)), make, f"stale.{name}"
-            )
-            setattr(StaleGradients, name, staticmethod(wrapped))
+            make, label = getattr(StaleGradients, name), f"stale.{name}"
+            timed = lambda watched, make=make, label=label: self.timed(label, make(watched))  # noqa: E731
+            setattr(StaleGradients, name, staticmethod(timed))
 
     def reset(self) -> None:
         self.seconds.clear()

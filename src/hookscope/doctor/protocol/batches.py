@@ -194,8 +194,9 @@ class LabelMix:
         recent = np.stack(list(self._recent))
         sizes = recent.sum(axis=1)
         distances = 0.5 * np.abs(recent / sizes[:, None] - mix).sum(axis=1)
-        expected = {n: self._random(mix, n) for n in set(sizes.astype(int).tolist())}  # one per batch size
-        random = float(np.mean([expected[n] for n in sizes.astype(int).tolist()]))
+        batch_sizes = sizes.astype(int).tolist()
+        expected = {n: self._random(mix, n) for n in set(batch_sizes)}  # once per batch size
+        random = float(np.mean([expected[n] for n in batch_sizes]))
         if single - random < 0.1:
             return  # batches too small to tell a sorted mix from a random one
         distance = float(distances.mean())

@@ -16,9 +16,8 @@ rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of 
 grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned
 before. Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU,
 less often once a read costs more than a quarter of a percent of the time between two: see
-:class:`~.memory.MemoryCadence`). The first
-``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but judged by
-no rule.
+:class:`~.memory.MemoryCadence`). The first ``warmup`` steps (compilation, allocator and loader warm-up)
+are kept in the run's history but judged by no rule.
 
 Per step it costs five to six clock reads (or event records) and a few Python calls; never a host sync.
 """
@@ -74,8 +73,8 @@ MIN_CALLBACK = MIN_EXCESS / 2  # seconds: a callback call shorter than this cann
 class TimingRecorder:
     """Phase times per optimizer step, memory every ``memory_every`` steps (None: every step on CUDA,
     every 4th on the CPU and less often while a read is slow), the first ``warmup`` steps left out of the
-    rules. ``loader``: the training
-    DataLoader, whose settings ``input_bound`` names (also :meth:`watch_loader`)."""
+    rules. ``loader``: the training DataLoader, whose settings ``input_bound`` names (also
+    :meth:`watch_loader`)."""
 
     # Its histories are bounded by their own blocks: the engine's cadence has nothing to follow here.
     thinnings = 0
