@@ -176,11 +176,16 @@ class LabelMix:
         self.ring.commit(self._step, used)
 
     def read(self, host: np.ndarray) -> None:
-        for _, labels in self.ring.take(host):
-            row = np.bincount(labels.astype(np.int64) % CLASSES, minlength=CLASSES).astype(np.float64)
-            self.counts += row
-            self._recent.append(row)
-            self._new = True
+        """Count each row's labels (one bincount for all rows: each row's classes offset by its index)."""
+        labels = [row for _, row in self.ring.take(host)]
+        if not labels:
+            return
+        index = np.repeat(np.arange(len(labels)), [len(row) for row in labels]) * CLASSES
+        flat = np.concatenate(labels).astype(np.int64) % CLASSES + index
+        table = np.bincount(flat, minlength=len(labels) * CLASSES).reshape(-1, CLASSES).astype(np.float64)
+        self.counts += table.sum(axis=0)
+        self._recent.extend(table)
+        self._new = True
 
     def check(self) -> None:
         """Compare the recent batches with the running mix (host numbers only)."""

@@ -20,7 +20,7 @@ class HostClock:
         self._row = [0.0] * len(COLUMNS)  # a list: adding to it costs less than to an array
         self._last = time.perf_counter()
         self._marked = False
-        self._done: list[tuple[int, np.ndarray]] = []
+        self._done: list[tuple[int, list[float]]] = []  # lists: arrays are made in bulk, at take
 
     def mark(self, ended: int) -> None:
         """Phase ``ended`` ends now."""
@@ -37,7 +37,7 @@ class HostClock:
         if not self._marked:
             return
         self._marked = False
-        row, self._row = np.array(self._row), [0.0] * len(COLUMNS)
+        row, self._row = self._row, [0.0] * len(COLUMNS)
         row[GC], row[WAIT] = gc_seconds, wait_seconds
         callbacks_to_other(row, callback_seconds)
         self._done.append((step, row))
@@ -46,7 +46,10 @@ class HostClock:
         """The rows of the steps closed since the last take, oldest first (``wait``: nothing to wait
         for on the host)."""
         done, self._done = self._done, []
-        return done
+        if not done:
+            return []
+        table = np.array([row for _, row in done])
+        return [(step, row) for (step, _), row in zip(done, table, strict=True)]
 
     def restart(self) -> None:
         """Forget the time since the last mark (after a pause the loop did not tell us about)."""

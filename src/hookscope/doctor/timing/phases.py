@@ -32,7 +32,7 @@ COLUMNS = (*PHASES, "valid", "gc", "wait")
 STEP_PHASES = len(PHASES)  # the first columns, whose sum is the step's time
 
 
-def callbacks_to_other(row: np.ndarray, seconds: float) -> None:
+def callbacks_to_other(row: np.ndarray | list[float], seconds: float) -> None:
     """Move the ``seconds`` callbacks ran inside the data phase of ``row`` to ``other``: the loop ran
     them, it did not wait for data (at most the whole data phase: on a GPU the phase is device time)."""
     moved = min(seconds, row[DATA])
