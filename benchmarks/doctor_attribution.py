@@ -28,11 +28,9 @@ from typing import Any
 
 import torch
 from common import benchmark_args
-from doctor_overhead import _loaders
+from doctor_overhead import _loaders, fit
 from stats_overhead import small_cnn
-from torch import nn
 
-import hookscope as hs
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.doctor.engine import Engine
@@ -106,18 +104,6 @@ class SelfTimes:
         self.calls.clear()
 
 
-def fit(steps_per_epoch: int, epochs: int) -> float:
-    """CPU seconds of one fit with ``Doctor()``."""
-    torch.manual_seed(0)
-    loaders = _loaders(steps_per_epoch, 64, (1, 28, 28))
-    learn = hs.Learner(
-        small_cnn(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=[Doctor(quiet=True)], progress=False
-    )
-    start = time.thread_time()
-    learn.fit(epochs)
-    return time.thread_time() - start
-
-
 def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0])
     torch.set_num_threads(1)
@@ -127,7 +113,8 @@ def main() -> None:
     times.instrument()
     for _ in range(rounds):  # the earlier fits warm the process up, as in the other benchmarks
         times.reset()
-        seconds = fit(steps_per_epoch, epochs)
+        loaders = _loaders(steps_per_epoch, 64, (1, 28, 28))
+        seconds = fit(small_cnn, loaders, epochs, time.thread_time, {}) * steps  # doctor_overhead's fit
     print(f"Doctor() per step, by entry point: small CNN, batch 64, {steps} steps, fit {rounds} of {rounds}")
     print(f"  whole step (thread CPU time)            {seconds / steps * 1e6:9.1f} µs")
     for label, spent in times.seconds.most_common():
