@@ -59,3 +59,16 @@ def test_the_advice_follows_the_settings():
     loader = DataLoader(list(range(10)), num_workers=1, prefetch_factor=4, persistent_workers=True)
     assert LoaderSettings.of(loader) == LoaderSettings(1, False, True, 4)
     assert LoaderSettings.of(object()) is None
+
+
+def test_the_message_gives_the_share_the_evidence_holds_even_on_a_rounding_edge():
+    import numpy as np
+
+    from hookscope.doctor.timing.input_bound import input_bound
+    from hookscope.doctor.timing.phases import COLUMNS, DATA, OTHER
+
+    rows = np.zeros((30, len(COLUMNS)))
+    rows[:, DATA], rows[:, OTHER] = 0.87496, 0.12504  # a median share of 87.496%: 87% or 88%
+    finding = input_bound(np.arange(10, 40), rows, None, cores=2, cuda=False)
+    assert finding.evidence["share"] == 0.875
+    assert "takes 88% of each training step" in finding.message

@@ -36,7 +36,7 @@ def input_bound(
     shares = waits / np.maximum(totals, 1e-12)
     if not _holds(shares, waits, min_share):
         return None
-    share = float(np.median(shares))
+    share = round(float(np.median(shares)), 4)  # the evidence's value: the message prints the same one
     wait, total = float(np.median(waits)), float(np.median(totals))
     clear = next(k for k in range(MIN_STEPS, len(steps) + 1) if _holds(shares[:k], waits[:k], min_share))
     where = "the device stands idle" if cuda else "the training loop stands still"
@@ -54,7 +54,7 @@ def input_bound(
         tips = [*loader.advice(cores, cuda), "or make __getitem__ cheaper (decode or augment less, cache)"]
         message += f"The loader has {loader.describe()}. The usual fix: " + "; ".join(tips) + "."
     evidence = {
-        "share": round(share, 4),
+        "share": share,
         "data_ms": round(wait * 1e3, 3),
         "step_ms": round(total * 1e3, 3),
         "cores": cores,
