@@ -92,7 +92,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(result, args.out / f"rank{rank}.pt")
     if world > 1:
-        dist.barrier()  # no rank tears down the group while its peer still talks to it
+        # no rank tears down the group while its peer still talks to it; not gloo's barrier(), whose
+        # worker thread can free FSDP2's last all-gather after the interpreter began to finalize (abort)
+        dist.monitored_barrier()
         dist.destroy_process_group()
 
 

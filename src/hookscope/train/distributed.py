@@ -129,8 +129,7 @@ def destroy_process_group() -> None:
 def _leave_group() -> None:
     """At exit, end a group kept for sharded parameters once every rank got there: a rank that tears
     its group down while a peer still talks to it can abort that peer (gloo)."""
-    if is_distributed():
-        dist.barrier()
+    barrier()
     destroy_process_group()
 
 
@@ -162,8 +161,18 @@ def any_rank(flag: torch.Tensor) -> torch.Tensor:
 
 
 def barrier() -> None:
-    """Wait until every rank gets here (nothing in one process)."""
-    if is_distributed():
+    """Wait until every rank gets here (nothing in one process).
+
+    Under gloo this is ``monitored_barrier``: point to point from the calling thread. gloo's
+    ``barrier()`` keeps the collectives still in flight when it starts (FSDP2's all-gather buffers)
+    until a worker thread drops the barrier; near exit that can happen once the interpreter is
+    finalizing, the thread cannot take the GIL to free them, and the process aborts with "terminate
+    called without an active exception"."""
+    if not is_distributed():
+        return
+    if dist.get_backend() == "gloo":
+        dist.monitored_barrier()
+    else:
         dist.barrier()
 
 
