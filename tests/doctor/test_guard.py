@@ -34,11 +34,17 @@ def test_the_guard_decision_names_the_first_failed_check_and_clears_when_all_is_
     assert len(model[0]._forward_hooks) == 0
 
 
-def test_the_guard_sums_a_loss_of_several_values_without_overflow_and_keeps_an_unchecked_group():
+def test_the_guard_takes_large_finite_losses_and_outputs_as_finite_and_keeps_an_unchecked_group():
     model = nn.Sequential(nn.Linear(2, 2))
     check = NonFiniteCheck(None, training=module_in_training)
     check.attach(model)
     check.loss(torch.full((4,), 3e38))  # finite float32 values whose float32 sum would be inf
+    assert check.decide(model.parameters(), torch.device("cpu")) is None
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+    for _ in range(2):  # outputs of 2e20 (two forwards of a step): finite, but not a 2-norm's squares
+        model(torch.full((1, 2), 1e20))
+    assert len(check.extremes) == 4 and all(math.isfinite(e) and abs(e) > 1e20 for e in check.extremes)
     assert check.decide(model.parameters(), torch.device("cpu")) is None
     check.loss(torch.tensor([1.0, math.nan]))
     assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
