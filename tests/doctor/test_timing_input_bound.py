@@ -3,11 +3,14 @@ the loader's actual settings. A loop on an in-memory loader, with or without wor
 
 import os
 
+import numpy as np
 import pytest
 from timing_loops import SlowImages, in_memory, run
 from torch.utils.data import DataLoader
 
+from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
+from hookscope.doctor.timing.phases import COLUMNS, DATA, OTHER
 
 
 def test_a_slow_dataset_is_input_bound_with_the_share_and_the_loaders_settings():
@@ -62,11 +65,6 @@ def test_the_advice_follows_the_settings():
 
 
 def test_the_message_gives_the_share_the_evidence_holds_even_on_a_rounding_edge():
-    import numpy as np
-
-    from hookscope.doctor.timing.input_bound import input_bound
-    from hookscope.doctor.timing.phases import COLUMNS, DATA, OTHER
-
     rows = np.zeros((30, len(COLUMNS)))
     rows[:, DATA], rows[:, OTHER] = 0.87496, 0.12504  # a median share of 87.496%: 87% or 88%
     finding = input_bound(np.arange(10, 40), rows, None, cores=2, cuda=False)
