@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -53,6 +54,52 @@ def run_alternating(variants: dict[str, Callable[[], float]], rounds: int) -> di
         for name in names[shift:] + names[:shift]:
             times[name].append(variants[name]())
     return times
+
+
+class KernelMeter:
+    """Minor page faults and the kernel's share of the process's CPU time, per call of each variant.
+
+    Why: glibc's ``malloc`` hands freed memory at the top of its heap back to the kernel and faults it in
+    again at the next step's allocations, or not, and a process drifts between these regimes from one fit
+    to the next (the small CNN of ``doctor_overhead.py``, bare Learner and ``Doctor()`` alike: 0 to 1,700
+    faults a step, up to a quarter of its CPU time in the kernel). That moves a fit by more than the
+    Doctor's whole cost, so a ratio is read with this beside it: rounds whose variants ran in different
+    regimes compare the allocator, not the code.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[int, float]]] = {}  # per variant: (faults, kernel share) per call
+
+    def wrap(self, variants: dict[str, Callable[[], float]]) -> dict[str, Callable[[], float]]:
+        """The same variants, each call also noted here."""
+        return {name: self._metered(name, run) for name, run in variants.items()}
+
+    def report(self, steps: int) -> str:
+        """A line per variant: the median page faults per step and kernel share, and their range."""
+        lines = ["  page faults per step, and the kernel's share of the CPU time (medians; ranges):"]
+        for name, calls in self.calls.items():
+            faults = [f / steps for f, _ in calls]
+            shares = [share for _, share in calls]
+            spread = f"({min(faults):.0f}-{max(faults):.0f})"
+            lines.append(
+                f"    {name:<34}{median(faults):>7.0f} faults {spread:<13}{median(shares):>6.1%} kernel "
+                f"({min(shares):.1%}-{max(shares):.1%})"
+            )
+        return "\n".join(lines)
+
+    def _metered(self, name: str, run: Callable[[], float]) -> Callable[[], float]:
+        calls = self.calls.setdefault(name, [])
+
+        def metered() -> float:
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            seconds = run()
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            kernel = (after.ru_stime - before.ru_stime) / cpu if cpu > 0 else 0.0
+            calls.append((after.ru_minflt - before.ru_minflt, kernel))
+            return seconds
+
+        return metered
 
 
 def median(values: list[float]) -> float:

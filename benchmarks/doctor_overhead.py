@@ -33,7 +33,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from common import CLOCKS, benchmark_args, format_table, median, paired_ratio, run_alternating
+from common import CLOCKS, KernelMeter, benchmark_args, format_table, median, paired_ratio, run_alternating
 from stats_overhead import small_cnn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -85,18 +85,22 @@ def measure(
     title: str,
     variants: dict[str, Callable[[], float]],
     rounds: int,
+    steps: int,
     warmup: list[Callable[[], float]] | None = None,
 ) -> dict[str, float]:
     """Warm up (each variant once, or the shorter ``warmup`` runs), time the variants alternating and
-    print the table; returns the paired ratios."""
+    print the table, with each variant's page faults and kernel time (``steps`` per fit); returns the
+    paired ratios."""
     for run in warmup if warmup is not None else variants.values():
         run()
-    times = run_alternating(variants, rounds)
+    meter = KernelMeter()
+    times = run_alternating(meter.wrap(variants), rounds)
     print(format_table(title, {n: median(t) * 1e6 for n, t in times.items()}, "hookscope Learner"))
     ratios = {}
     for name in list(variants)[1:]:
         ratios[name] = paired_ratio(times, name, "hookscope Learner")
         print(f"  {name} vs bare, median of per-round ratios: {ratios[name]:.3f}x (target <= {TARGET}x)")
+    print(meter.report(steps))
     return ratios
 
 
@@ -143,6 +147,7 @@ def main() -> None:
                 "+ Doctor()": partial(fit, doctored, loaders, cnn_epochs, clock, {}),
             },
             rounds,
+            cnn_steps,
         )
         return
     cnn = partial(fit, small_cnn, _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
@@ -155,6 +160,7 @@ def main() -> None:
             "+ Doctor(every=1)": partial(cnn, {"every": 1}),
         },
         rounds,
+        cnn_steps,
     )
     if args.cnn_only:
         return
@@ -165,6 +171,7 @@ def main() -> None:
         f"1 thread, {args.clock} clock",
         {"hookscope Learner": partial(resnet, None), "+ Doctor()": partial(resnet, {})},
         rounds,
+        resnet_steps,
         warmup=[partial(warm, None), partial(warm, {})],
     )
     check_cost((1_000, 10_000, 100_000), 5 if args.quick else 200, clock)
