@@ -43,7 +43,9 @@ import hookscope as hs
 TARGET = 1.05
 
 
-def _loaders(steps_per_epoch: int, batch: int, shape: tuple[int, ...]) -> tuple[DataLoader, DataLoader]:
+def random_loaders(steps_per_epoch: int, batch: int, shape: tuple[int, ...]) -> tuple[DataLoader, DataLoader]:
+    """In-memory random inputs of ``shape`` and labels of 10 classes, in order: ``steps_per_epoch``
+    training batches and one validation batch."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(steps_per_epoch * batch, *shape, generator=gen)
     y = torch.randint(0, 10, (steps_per_epoch * batch,), generator=gen)
@@ -137,7 +139,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cnn_epochs = 3 if cnn_steps % 3 == 0 else 1
     if args.compile:
-        loaders = _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
+        loaders = random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
         bare, doctored = compiled(small_cnn), compiled(small_cnn)  # one model each: its own graphs
         measure(
             f"Doctor() on a compiled model: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} "
@@ -150,7 +152,7 @@ def main() -> None:
             cnn_steps,
         )
         return
-    cnn = partial(fit, small_cnn, _loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
+    cnn = partial(fit, small_cnn, random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
     measure(
         f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, 1 thread, "
         f"{args.clock} clock",
@@ -164,8 +166,8 @@ def main() -> None:
     )
     if args.cnn_only:
         return
-    resnet = partial(fit, resnet18, _loaders(resnet_steps, 8, (3, 224, 224)), 1, clock)
-    warm = partial(fit, resnet18, _loaders(2, 8, (3, 224, 224)), 1, clock)  # a ResNet18 step is slow
+    resnet = partial(fit, resnet18, random_loaders(resnet_steps, 8, (3, 224, 224)), 1, clock)
+    warm = partial(fit, resnet18, random_loaders(2, 8, (3, 224, 224)), 1, clock)  # a ResNet18 step is slow
     measure(
         f"Doctor() overhead: ResNet18 3x224x224, batch 8, {resnet_steps} steps x {rounds} rounds, "
         f"1 thread, {args.clock} clock",
