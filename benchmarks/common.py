@@ -56,6 +56,9 @@ def run_alternating(variants: dict[str, Callable[[], float]], rounds: int) -> di
     return times
 
 
+QUIET_FAULTS = 10  # page faults a step: at most this many, a fit ran outside the faulting regime
+
+
 class KernelMeter:
     """Minor page faults and the kernel's share of the process's CPU time, per call of each variant.
 
@@ -86,6 +89,11 @@ class KernelMeter:
                 f"({min(shares):.1%}-{max(shares):.1%})"
             )
         return "\n".join(lines)
+
+    def quiet_rounds(self, names: list[str], steps: int, limit: float = QUIET_FAULTS) -> list[int]:
+        """The rounds in which none of ``names`` took more than ``limit`` page faults a step."""
+        rounds = zip(*(self.calls[name] for name in names), strict=True)
+        return [r for r, calls in enumerate(rounds) if all(faults / steps <= limit for faults, _ in calls)]
 
     def _metered(self, name: str, run: Callable[[], float]) -> Callable[[], float]:
         calls = self.calls.setdefault(name, [])

@@ -33,7 +33,16 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from common import CLOCKS, KernelMeter, benchmark_args, format_table, median, paired_ratio, run_alternating
+from common import (
+    CLOCKS,
+    QUIET_FAULTS,
+    KernelMeter,
+    benchmark_args,
+    format_table,
+    median,
+    paired_ratio,
+    run_alternating,
+)
 from stats_overhead import small_cnn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -99,10 +108,19 @@ def measure(
     times = run_alternating(meter.wrap(variants), rounds)
     print(format_table(title, {n: median(t) * 1e6 for n, t in times.items()}, "hookscope Learner"))
     ratios = {}
+    bare = "hookscope Learner"
     for name in list(variants)[1:]:
-        ratios[name] = paired_ratio(times, name, "hookscope Learner")
+        ratios[name] = paired_ratio(times, name, bare)
         print(f"  {name} vs bare, median of per-round ratios: {ratios[name]:.3f}x (target <= {TARGET}x)")
     print(meter.report(steps))
+    for name in list(variants)[1:]:
+        quiet = meter.quiet_rounds([bare, name], steps)
+        matched = {n: [times[n][r] for r in quiet] for n in (bare, name)}
+        ratio = f"{paired_ratio(matched, name, bare):.3f}x" if quiet else "no such round"
+        print(
+            f"  {name} vs bare in the {len(quiet)} of {rounds} rounds where neither took over "
+            f"{QUIET_FAULTS} page faults a step: {ratio}"
+        )
     return ratios
 
 
