@@ -62,12 +62,12 @@ QUIET_FAULTS = 10  # page faults a step: at most this many, a fit ran outside th
 class KernelMeter:
     """Minor page faults and the kernel's share of the process's CPU time, per call of each variant.
 
-    Why: glibc's ``malloc`` hands freed memory at the top of its heap back to the kernel and faults it in
-    again at the next step's allocations, or not, and a process drifts between these regimes from one fit
-    to the next (the small CNN of ``doctor_overhead.py``, bare Learner and ``Doctor()`` alike: 0 to 1,700
-    faults a step, up to a quarter of its CPU time in the kernel). That moves a fit by more than the
-    Doctor's whole cost, so a ratio is read with this beside it: rounds whose variants ran in different
-    regimes compare the allocator, not the code.
+    Why: glibc's ``malloc`` gives freed memory back to the kernel (it trims the top of its heap, or unmaps a
+    block it mapped) and faults it in again at the next step's allocations, or not, and a process drifts
+    between these regimes from one fit to the next (the small CNN of ``doctor_overhead.py``, bare Learner
+    and ``Doctor()`` alike: 0 to 1,700 faults a step, up to a quarter of its CPU time in the kernel). That
+    moves a fit by more than the Doctor's whole cost, so a ratio is read with this beside it: rounds whose
+    variants ran in different regimes compare the allocator, not the code.
     """
 
     def __init__(self) -> None:
