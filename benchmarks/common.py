@@ -16,12 +16,17 @@ from types import ModuleType
 from typing import Any
 
 
-def benchmark_args(description: str, flags: dict[str, str] | None = None) -> argparse.Namespace:
+def benchmark_args(
+    description: str, flags: dict[str, str] | None = None, counts: dict[str, tuple[int, str]] | None = None
+) -> argparse.Namespace:
     """The common command line: ``--quick`` for a smoke run, ``--rounds N``, ``--clock wall|cpu``; and a
-    benchmark's own on/off ``flags`` (``{"--compile": "help"}``)."""
+    benchmark's own on/off ``flags`` (``{"--compile": "help"}``) and whole-number ``counts``
+    (``{"--cnn-steps": (300, "help")}``: the default and the help)."""
     parser = argparse.ArgumentParser(description=description)
     for flag, text in (flags or {}).items():
         parser.add_argument(flag, action="store_true", help=text)
+    for flag, (default, text) in (counts or {}).items():
+        parser.add_argument(flag, type=int, default=default, help=f"{text} (default {default})")
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant; the median is reported")
     parser.add_argument(

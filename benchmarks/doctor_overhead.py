@@ -30,6 +30,7 @@ compilation is timed.
     python benchmarks/doctor_overhead.py --quick       # smoke test
     python benchmarks/doctor_overhead.py --compile     # Doctor() on a compiled model against it alone
     python benchmarks/doctor_overhead.py --cnn-only    # the small CNN's table alone
+    python benchmarks/doctor_overhead.py --cnn-only --cnn-steps 3000  # a long fit: the warm-up amortised
 """
 
 from __future__ import annotations
@@ -156,8 +157,19 @@ def main() -> None:
             "--compile": "the small CNN compiled, bare and with Doctor()",
             "--cnn-only": "the small CNN alone (ResNet18 takes ~4 minutes a round)",
         },
+        {
+            "--cnn-steps": (300, "training steps of a small-CNN fit, in three epochs when divisible by 3"),
+            "--resnet-steps": (100, "training steps of a ResNet18 fit"),
+        },
     )
-    cnn_steps, resnet_steps, rounds = (20, 4, 1) if args.quick else (300, 100, args.rounds)
+    if min(args.cnn_steps, args.resnet_steps) < 1:
+        raise SystemExit(
+            f"doctor_overhead.py: --cnn-steps {args.cnn_steps}, --resnet-steps {args.resnet_steps}; "
+            "use 1 or more steps"
+        )
+    cnn_steps, resnet_steps, rounds = (
+        (20, 4, 1) if args.quick else (args.cnn_steps, args.resnet_steps, args.rounds)
+    )
     clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     cnn_epochs = 3 if cnn_steps % 3 == 0 else 1
