@@ -1,5 +1,6 @@
 """Shared fixtures: one ResNet34 and one ResNet18 (random weights, eval mode), the bundled sample image,
-and deterministic algorithms for the tests that compare resumed runs bitwise.
+and deterministic algorithms for the tests that compare resumed runs bitwise. Tests marked ``cuda`` are
+skipped where no CUDA device is present.
 
 Building a ResNet costs about a second, so each is built once per test session. Tests must not change
 their weights or mode; a test that needs to, builds its own.
@@ -10,6 +11,16 @@ import torch
 from torchvision.models import resnet18, resnet34
 
 from hookscope.data.images import sample_image
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``cuda`` tests without a CUDA device (they run, with ``-m cuda``, where a GPU is lent)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

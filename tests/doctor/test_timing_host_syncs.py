@@ -113,7 +113,7 @@ def test_a_step_without_syncs_and_the_cpu_are_silent():
     assert cpu.samples == {} and cpu.finding() is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_on_cuda_a_value_read_in_the_step_is_named():
     model = cnn().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

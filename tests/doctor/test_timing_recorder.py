@@ -145,7 +145,7 @@ def test_bad_settings_are_refused_with_the_fix():
         TimingRecorder(memory_every=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_on_cuda_events_time_the_steps_and_are_reused():
     model = cnn().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

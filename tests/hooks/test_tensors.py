@@ -129,7 +129,7 @@ def test_grad_norms_of_mixed_dtypes_of_non_finite_and_of_nothing():
     assert empty.shape == (0,) and empty.dtype == torch.float32
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_grad_norms_and_model_device_on_cuda():
     model = nn.Linear(3, 3).cuda()
     assert model_device(model).type == "cuda"
