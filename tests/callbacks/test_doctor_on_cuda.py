@@ -1,0 +1,106 @@
+"""The Learner with its default callbacks, and with the Doctor, on a GPU: what syncs the host in a step.
+
+Under ``torch.cuda.set_sync_debug_mode("warn")`` every synchronising call warns, attributed to the Python
+line that made it. The calls of training steps 21 to 28 are caught: those steps are neither recorded (the
+warm-up is steps 0-9, then every 50th), nor checked (the rules read their values in one bulk transfer at
+the end of steps 19 and 29: once per check, by design), nor sampled by the Doctor's own ``host_syncs``
+probe (steps 10, 30 and 50). ``progress=False``: a displayed bar reads the smoothed loss at most every
+0.5 s, whichever step that falls in.
+
+The Doctor's default guard reads one value per step, just before ``opt.step()``: the price of stopping a
+non-finite update before it lands (docs/doctor.md#nonfiniteguard). These tests pin that it is the only
+one, and that nothing else in the loop or the Doctor syncs.
+"""
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookscope as hs
+from hookscope.doctor import guard
+from hookscope.doctor.timing.host_syncs import SYNC_WARNING
+
+pytestmark = pytest.mark.cuda
+
+FIRST, LAST = 21, 28
+
+
+class SyncTrap(hs.Callback):
+    """Every host sync of training steps ``FIRST`` to ``LAST``, by the file and line that made it."""
+
+    order = -1000  # first in every event: the window holds all of each step
+
+    def __init__(self) -> None:
+        self.sites: Counter[tuple[str, int]] = Counter()
+        self._catcher: warnings.catch_warnings | None = None
+        self._caught: list[warnings.WarningMessage] = []
+
+    def before_batch(self) -> None:
+        if not self.learn.training:
+            return
+        if self.learn.training_step == FIRST:
+            self._open()
+        elif self.learn.training_step == LAST + 1:
+            self._close()
+
+    def after_fit(self) -> None:
+        self._close()
+
+    def _open(self) -> None:
+        self._catcher = warnings.catch_warnings(record=True)
+        self._caught = self._catcher.__enter__()
+        warnings.filterwarnings("always", message=SYNC_WARNING)  # each sync, not once per line
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _close(self) -> None:
+        if self._catcher is None:
+            return
+        torch.cuda.set_sync_debug_mode(0)
+        for caught in self._caught:
+            if SYNC_WARNING in str(caught.message):
+                self.sites[(caught.filename, caught.lineno)] += 1
+        self._catcher.__exit__(None, None, None)
+        self._catcher = None
+
+
+def fit_on_cuda(*cbs: hs.Callback) -> SyncTrap:
+    """One epoch of 40 steps of a small CNN on shuffled in-memory data, on the GPU, with ``cbs``."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64 * 40, 1, 16, 16), torch.randint(0, 10, (64 * 40,))
+    train = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
+    valid = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=64)
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)
+    )
+    trap = SyncTrap()
+    learn = hs.Learner(
+        model,
+        hs.DataLoaders(train, valid),
+        nn.CrossEntropyLoss(),
+        lr=1e-3,
+        cbs=[trap, *cbs],
+        device="cuda",
+        progress=False,
+    )
+    learn.fit(1)
+    assert torch.cuda.get_sync_debug_mode() == 0
+    return trap
+
+
+def test_the_learner_with_its_default_callbacks_makes_no_host_sync_in_a_step():
+    assert fit_on_cuda().sites == Counter()
+
+
+def test_the_doctor_without_its_guard_makes_no_host_sync_in_a_step():
+    assert fit_on_cuda(hs.callbacks.Doctor(quiet=True, guard=False)).sites == Counter()
+
+
+def test_the_doctors_default_guard_makes_the_one_host_sync_of_a_step():
+    sites = fit_on_cuda(hs.callbacks.Doctor(quiet=True)).sites
+    assert {Path(file) for file, _ in sites} == {Path(guard.__file__)}  # its read before opt.step()
+    assert sum(sites.values()) == LAST - FIRST + 1
