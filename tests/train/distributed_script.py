@@ -163,6 +163,12 @@ def main() -> None:
     if args.export:
         checkpoint.export_safetensors(learn.model, args.out / "model.safetensors")
     torch.save(result, args.out / f"rank{int(os.environ.get('RANK', 0))}.pt")
+    if args.fsdp:
+        # this script made the process group, so it ends it as docs/distributed.md says: not left to the
+        # interpreter's exit, where gloo's worker thread can free FSDP2's last all-gather after Python began
+        # to finalize, and the rank aborts ("terminate called without an active exception")
+        distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 class _Seen(hs.Callback):
