@@ -51,6 +51,9 @@ class SyncTrap(hs.Callback):
     def after_fit(self) -> None:
         self._close()
 
+    def on_failure(self, exc: BaseException) -> None:
+        self._close()  # a failed fit leaves neither the debug mode nor the warning filters behind
+
     def _open(self) -> None:
         self._catcher = warnings.catch_warnings(record=True)
         self._caught = self._catcher.__enter__()
