@@ -27,6 +27,9 @@ import torch
 from hookscope.doctor.findings import Finding
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # the text of torch's warning (c10/cuda)
+# torch's notice, once a process, at the first switch into the debug mode: the sampler's switch, not the
+# user's, so it is not theirs to read (it reached the console of every GPU run under the Doctor)
+PROTOTYPE_NOTICE = "Synchronization debug mode is a prototype feature"
 SAMPLES = 3
 EVERY = 20  # steps between two sampled steps
 MIN_PER_STEP = 1.0
@@ -66,6 +69,7 @@ class SyncSampler:
         catcher = warnings.catch_warnings()
         catcher.__enter__()
         warnings.filterwarnings("always", message=SYNC_WARNING)
+        warnings.filterwarnings("ignore", message=PROTOTYPE_NOTICE)
         shown = warnings.showwarning
         warnings.showwarning = lambda message, *args, **kw: self._shown(message, shown, args, kw)
         self.samples[step] = Counter()
