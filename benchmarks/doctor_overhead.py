@@ -5,8 +5,10 @@ Variants, run alternating in the same process (medians over rounds, and the medi
 - ``small CNN``: the model and data of ``stats_overhead.py`` (1x28x28, batch 64), a fit of
   ``--cnn-steps`` steps (default 300: three epochs of 100), bare, with ``Doctor()`` and, for reference,
   with ``Doctor(every=1)`` (statistics at every step, what the defaults were before);
-- ``ResNet18``: torchvision's, weights=None, batch 8 of 3x224x224 random images, ``--resnet-steps``
-  steps (default 100), bare and with ``Doctor()``.
+- ``ResNet18``: torchvision's, weights=None, batches of ``--resnet-batch`` (default 8) 3x224x224 random
+  images, ``--resnet-steps`` steps (default 100), bare and with ``Doctor()``;
+- in both tables ``Doctor(guard=False)``: the Doctor without its non-finite guard, whose one host read per
+  step is what a GPU pays for (docs/doctor.md#nonfiniteguard).
 
 The Doctor's defaults take the per-layer statistics on an adaptive schedule (every step of the first
 10, then every 50th, densely again while a check is suspicious) and keep the loss at every step, so its
@@ -22,6 +24,10 @@ A third table times one check of the engine (the rules every ``check_every`` = 1
 run: an engine holding a synthetic loss history of 1,000 / 10,000 / 100,000 steps, fed 10 new losses per
 check, as in training, over 200 checks (enough to include the stall rule's runs, every 64th of the run).
 
+``--cuda``: the same tables on the GPU (the model and the in-memory data on ``cuda``, the wall clock,
+the device synchronised before and after each fit), where the Doctor's host work can hide behind the
+device's, unless a host sync waits for it.
+
 ``--compile``: instead, the small CNN compiled with ``torch.compile`` (inductor), bare and with
 ``Doctor()``: each variant's model is compiled once, in the warm-up, and reused by every round, so no
 compilation is timed.
@@ -31,6 +37,7 @@ compilation is timed.
     python benchmarks/doctor_overhead.py --compile     # Doctor() on a compiled model against it alone
     python benchmarks/doctor_overhead.py --cnn-only    # the small CNN's table alone
     python benchmarks/doctor_overhead.py --cnn-only --cnn-steps 3000  # a long fit: the warm-up amortised
+    python benchmarks/doctor_overhead.py --cuda --resnet-batch 64      # on a GPU, a realistic batch
 """
 
 from __future__ import annotations
@@ -75,13 +82,20 @@ def fit(
     epochs: int,
     clock: Callable[[], float],
     doctor: dict | None,
+    device: str = "cpu",
 ) -> float:
-    """Seconds per training step of ``epochs`` epochs, bare (``doctor=None``) or with ``Doctor(**doctor)``."""
+    """Seconds per training step of ``epochs`` epochs on ``device``, bare (``doctor=None``) or with
+    ``Doctor(**doctor)``; on a GPU, from an idle device to the end of the fit's last kernel."""
     torch.manual_seed(0)
     cbs = [hs.callbacks.Doctor(quiet=True, **doctor)] if doctor is not None else []
-    learn = hs.Learner(build(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False)
+    learn = hs.Learner(
+        build(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False, device=device
+    )
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+    synchronize()
     start = clock()
     learn.fit(epochs)
+    synchronize()
     return (clock() - start) / (epochs * len(loaders[0]))
 
 
@@ -150,23 +164,41 @@ def check_cost(lengths: tuple[int, ...], checks: int, clock: Callable[[], float]
         print(f"  at step {n:>7,}: {per_check * 1e3:7.3f} ms per check, {per_check * 1e5:6.2f} us per step")
 
 
+def doctor_variants(run: Callable[[dict | None], float]) -> dict[str, Callable[[], float]]:
+    """The bare Learner, ``Doctor()`` and ``Doctor(guard=False)`` of one fit ``run(doctor)``."""
+    return {
+        "hookscope Learner": partial(run, None),
+        "+ Doctor()": partial(run, {}),
+        "+ Doctor(guard=False)": partial(run, {"guard": False}),
+    }
+
+
 def main() -> None:
     args = benchmark_args(
         __doc__.splitlines()[0],
         {
             "--compile": "the small CNN compiled, bare and with Doctor()",
             "--cnn-only": "the small CNN alone (ResNet18 takes ~4 minutes a round)",
+            "--cuda": "on the GPU (the wall clock, synchronised at each fit's ends)",
         },
         {
             "--cnn-steps": (300, "training steps of a small-CNN fit, in three epochs when divisible by 3"),
             "--resnet-steps": (100, "training steps of a ResNet18 fit"),
+            "--resnet-batch": (8, "images per ResNet18 batch"),
         },
     )
-    if min(args.cnn_steps, args.resnet_steps) < 1:
+    if min(args.cnn_steps, args.resnet_steps, args.resnet_batch) < 1:
         raise SystemExit(
-            f"doctor_overhead.py: --cnn-steps {args.cnn_steps}, --resnet-steps {args.resnet_steps}; "
-            "use 1 or more steps"
+            f"doctor_overhead.py: --cnn-steps {args.cnn_steps}, --resnet-steps {args.resnet_steps}, "
+            f"--resnet-batch {args.resnet_batch}; use 1 or more"
         )
+    if args.cuda and not torch.cuda.is_available():
+        raise SystemExit("doctor_overhead.py --cuda: no CUDA device is available here; leave out --cuda")
+    if args.cuda and args.clock == "cpu":
+        raise SystemExit(
+            "doctor_overhead.py --cuda --clock cpu: the GPU's time is not this thread's; use --clock wall"
+        )
+    device, where = ("cuda", f"GPU ({torch.cuda.get_device_name()})") if args.cuda else ("cpu", "1 thread")
     cnn_steps, resnet_steps, rounds = (
         (20, 4, 1) if args.quick else (args.cnn_steps, args.resnet_steps, args.rounds)
     )
@@ -187,29 +219,29 @@ def main() -> None:
             cnn_steps,
         )
         return
-    cnn = partial(fit, small_cnn, random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28)), cnn_epochs, clock)
+    cnn_loaders = random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
+    cnn = partial(fit, small_cnn, cnn_loaders, cnn_epochs, clock, device=device)
     measure(
-        f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, 1 thread, "
+        f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, {where}, "
         f"{args.clock} clock",
-        {
-            "hookscope Learner": partial(cnn, None),
-            "+ Doctor()": partial(cnn, {}),
-            "+ Doctor(every=1)": partial(cnn, {"every": 1}),
-        },
+        {**doctor_variants(cnn), "+ Doctor(every=1)": partial(cnn, {"every": 1})},
         rounds,
         cnn_steps,
     )
     if args.cnn_only:
         return
-    resnet = partial(fit, resnet18, random_loaders(resnet_steps, 8, (3, 224, 224)), 1, clock)
-    warm = partial(fit, resnet18, random_loaders(2, 8, (3, 224, 224)), 1, clock)  # a ResNet18 step is slow
+    batch = args.resnet_batch
+    resnet = partial(
+        fit, resnet18, random_loaders(resnet_steps, batch, (3, 224, 224)), 1, clock, device=device
+    )
+    warm = partial(fit, resnet18, random_loaders(2, batch, (3, 224, 224)), 1, clock, device=device)
     measure(
-        f"Doctor() overhead: ResNet18 3x224x224, batch 8, {resnet_steps} steps x {rounds} rounds, "
-        f"1 thread, {args.clock} clock",
-        {"hookscope Learner": partial(resnet, None), "+ Doctor()": partial(resnet, {})},
+        f"Doctor() overhead: ResNet18 3x224x224, batch {batch}, {resnet_steps} steps x {rounds} rounds, "
+        f"{where}, {args.clock} clock",
+        doctor_variants(resnet),
         rounds,
         resnet_steps,
-        warmup=[partial(warm, None), partial(warm, {})],
+        warmup=[partial(warm, None), partial(warm, {}), partial(warm, {"guard": False})],  # a step is slow
     )
     check_cost((1_000, 10_000, 100_000), 5 if args.quick else 200, clock)
 
