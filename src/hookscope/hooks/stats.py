@@ -228,10 +228,11 @@ def _update_of(x: torch.Tensor, sample: int | None, channels: int) -> _Update:
         x = x.float()  # integers, and half precision sums that lose too much
     if not x.is_contiguous():
         x = x.contiguous()
-    total = x.sum()
     values = _sample(x, sample)
-    if x.device.type == "cpu" and math.isfinite(total):
-        return _Update(total, _norms(x), channels, None, values)
+    if x.device.type == "cpu":
+        total = x.sum()
+        if math.isfinite(total):
+            return _Update(total, _norms(x), channels, None, values)
     # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
     nonfinite = torch.mul(x, 0.0).nan_to_num_(nan=1.0).sum(dtype=torch.float64)
     clean = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
