@@ -12,18 +12,17 @@ non-finite update before it lands (docs/doctor.md#nonfiniteguard). These tests p
 one, and that nothing else in the loop or the Doctor syncs.
 """
 
-import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from cuda_syncs import SyncWindow
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.doctor import guard
-from hookscope.doctor.timing.host_syncs import SYNC_WARNING
 
 pytestmark = pytest.mark.cuda
 
@@ -36,39 +35,25 @@ class SyncTrap(hs.Callback):
     order = -1000  # first in every event: the window holds all of each step
 
     def __init__(self) -> None:
-        self.sites: Counter[tuple[str, int]] = Counter()
-        self._catcher: warnings.catch_warnings | None = None
-        self._caught: list[warnings.WarningMessage] = []
+        self.window = SyncWindow()
+
+    @property
+    def sites(self) -> Counter[tuple[str, int]]:
+        return self.window.sites
 
     def before_batch(self) -> None:
         if not self.learn.training:
             return
         if self.learn.training_step == FIRST:
-            self._open()
+            self.window.open()
         elif self.learn.training_step == LAST + 1:
-            self._close()
+            self.window.close()
 
     def after_fit(self) -> None:
-        self._close()
+        self.window.close()
 
     def on_failure(self, exc: BaseException) -> None:
-        self._close()  # a failed fit leaves neither the debug mode nor the warning filters behind
-
-    def _open(self) -> None:
-        self._catcher = warnings.catch_warnings(record=True)
-        self._caught = self._catcher.__enter__()
-        warnings.filterwarnings("always", message=SYNC_WARNING)  # each sync, not once per line
-        torch.cuda.set_sync_debug_mode("warn")
-
-    def _close(self) -> None:
-        if self._catcher is None:
-            return
-        torch.cuda.set_sync_debug_mode(0)
-        for caught in self._caught:
-            if SYNC_WARNING in str(caught.message):
-                self.sites[(caught.filename, caught.lineno)] += 1
-        self._catcher.__exit__(None, None, None)
-        self._catcher = None
+        self.window.close()  # a failed fit leaves neither the debug mode nor the warning filters behind
 
 
 def fit_on_cuda(*cbs: hs.Callback) -> SyncTrap:
