@@ -233,9 +233,9 @@ def _update_of(x: torch.Tensor, sample: int | None, channels: int) -> _Update:
         total = x.sum()
         if math.isfinite(total):
             return _Update(total, _norms(x), channels, None, values)
-    # x * 0 is 0 for a finite value and NaN for NaN or +/-Inf: turning NaN into 1 counts them.
-    nonfinite = torch.mul(x, 0.0).nan_to_num_(nan=1.0).sum(dtype=torch.float64)
     clean = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    # a value differs from its cleaned copy exactly when it is NaN or +/-Inf (NaN differs from everything)
+    nonfinite = torch.ne(x, clean).sum(dtype=torch.float64)
     return _Update(clean.sum(), _norms(clean), channels, nonfinite, values)
 
 
