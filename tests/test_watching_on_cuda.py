@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cuda_syncs import SyncWindow
+from cuda_syncs import FIRST, LAST, SyncWindow, small_cnn
 from torch import nn
 
 import hookscope as hs
@@ -20,15 +20,13 @@ from hookscope.doctor import guard
 
 pytestmark = pytest.mark.cuda
 
-FIRST, LAST, STEPS, BATCH = 21, 28, 40, 64
+STEPS, BATCH = 40, 64
 
 
 def train_watched(**options: object) -> SyncWindow:
     """``STEPS`` optimizer steps of a small CNN on the GPU under ``hs.watch(model, opt, **options)``."""
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)
-    ).cuda()
+    model = small_cnn().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(BATCH * STEPS, 1, 16, 16, device="cuda")
     y = torch.randint(0, 10, (BATCH * STEPS,), device="cuda")

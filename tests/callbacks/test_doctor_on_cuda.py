@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cuda_syncs import SyncWindow
+from cuda_syncs import FIRST, LAST, SyncWindow, small_cnn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -25,8 +25,6 @@ import hookscope as hs
 from hookscope.doctor import guard
 
 pytestmark = pytest.mark.cuda
-
-FIRST, LAST = 21, 28
 
 
 class SyncTrap(hs.Callback):
@@ -62,9 +60,7 @@ def fit_on_cuda(*cbs: hs.Callback) -> SyncTrap:
     x, y = torch.randn(64 * 40, 1, 16, 16), torch.randint(0, 10, (64 * 40,))
     train = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
     valid = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=64)
-    model = nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)
-    )
+    model = small_cnn()
     trap = SyncTrap()
     learn = hs.Learner(
         model,

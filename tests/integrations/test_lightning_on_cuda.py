@@ -11,16 +11,15 @@ from collections import Counter
 import lightning.pytorch as pl
 import pytest
 import torch
-from cuda_syncs import SyncWindow
+from cuda_syncs import FIRST, LAST, SyncWindow, small_cnn
 from loops import LitClassifier
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookscope.integrations.lightning import HookscopeCallback
 
 pytestmark = pytest.mark.cuda
 
-FIRST, LAST, STEPS, BATCH = 21, 28, 40, 64
+STEPS, BATCH = 40, 64
 
 
 class SyncTrap(pl.Callback):
@@ -46,9 +45,7 @@ def syncs_of_a_fit(*callbacks: pl.Callback) -> Counter[tuple[str, int]]:
     """The syncs of steps ``FIRST`` to ``LAST`` of a small CNN trained by Lightning on the GPU."""
     torch.manual_seed(0)
     x, y = torch.randn(BATCH * STEPS, 1, 16, 16), torch.randint(0, 10, (BATCH * STEPS,))
-    net = nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)
-    )
+    net = small_cnn()
     trap = SyncTrap()
     trainer = pl.Trainer(
         accelerator="gpu",
