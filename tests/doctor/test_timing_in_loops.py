@@ -201,7 +201,7 @@ def test_hs_watch_names_a_slow_dataset_with_the_loader_it_was_given():
 
 
 def test_hs_watch_names_what_the_loop_noted_in_its_stalls(tmp_path):
-    table = torch.zeros(16_000_000)
+    table = torch.zeros(48_000_000)  # 192 MB: 135 ms or more a save here; 64 MB took 25 ms at times, no stall
 
     def save_every_25(w, i):
         if i and i % 25 == 0:
@@ -216,6 +216,7 @@ def test_hs_watch_names_what_the_loop_noted_in_its_stalls(tmp_path):
 def test_hs_watch_names_a_leak_with_its_rate_and_nothing_else():
     leak = Leak(mb=1.0)
     collect_earlier_garbage()
+    leak.back(100)
     found = kinds(watched_loop(in_memory(), 100, lambda w, i: leak(i)))
     assert set(found) == {"memory_growth"}
     assert 0.7 * (1 << 20) <= found["memory_growth"].evidence["bytes_per_step"] <= 1.5 * (1 << 20)
