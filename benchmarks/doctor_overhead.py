@@ -56,6 +56,7 @@ from common import (
     paired_ratio,
     run_alternating,
 )
+from doctor_parts import free_read_us
 from stats_overhead import small_cnn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -221,6 +222,7 @@ def main() -> None:
         return
     cnn_loaders = random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
     cnn = partial(fit, small_cnn, cnn_loaders, cnn_epochs, clock, device=device)
+    walk_before = free_read_us()
     measure(
         f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, {where}, "
         f"{args.clock} clock",
@@ -228,6 +230,11 @@ def main() -> None:
         rounds,
         cnn_steps,
     )
+    if not args.cuda:
+        print(
+            f"  the CPU memory probe's heap walk (one mallinfo2 read): {walk_before:.1f} µs before the "
+            f"rounds, {free_read_us():.1f} µs after (malloc's free lists lengthen with every fit)"
+        )
     if args.cnn_only:
         return
     batch = args.resnet_batch
