@@ -60,6 +60,15 @@ def test_the_first_samples_come_every_4th_step_however_slow_the_read():
     assert read == list(range(0, 4 * DENSE, 4))
 
 
+def test_the_dense_samples_are_those_the_rule_reads_after_the_warm_up():
+    """memory_growth reads no sample of the warm-up: its first verdict needs DENSE samples after it."""
+    cadence = MemoryCadence(4, adaptive=True, warmup=10)
+    read = read_steps(cadence, 200, cost=0.01, between=0.001)
+    after = [step for step in read if step >= 10]
+    assert read[:3] == [0, 4, 8] and after[:DENSE] == list(range(12, 12 + 4 * DENSE, 4))
+    assert after[DENSE + 1] - after[DENSE] == 8  # then the slow read doubles the interval
+
+
 def test_a_slow_read_then_doubles_the_interval_up_to_16_times():
     cadence = MemoryCadence(4, adaptive=True)
     read = read_steps(cadence, 4000, cost=0.01, between=0.001)

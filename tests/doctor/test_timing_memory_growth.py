@@ -53,6 +53,14 @@ def test_growth_needs_every_recent_run_to_rise():
     )
 
 
+def test_a_growth_is_named_by_the_sample_it_became_clear_at_though_later_samples_are_sparse():
+    """The memory cadence thins the reads after the dense ones: the growth was clear at the 18th."""
+    steps = np.array([*range(12, 84, 4), 84, 92, 100, 108])
+    noise = np.random.default_rng(0).normal(0, 0.1 * MB, len(steps))
+    finding = memory_growth(steps, 500 * MB + 2 * MB * steps + noise, "memory", "the device's", 8 << 30)
+    assert finding.step == 80 and finding.evidence["since"] <= 28
+
+
 def test_a_sawtooth_whose_every_run_climbs_but_the_whole_does_not_is_no_growth():
     """Each run of samples rises (a buffer filling), then a release falls below where it began."""
     from hookscope.doctor.timing.memory_growth import SEGMENT, SEGMENTS, memory_growth

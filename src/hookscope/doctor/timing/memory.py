@@ -21,7 +21,12 @@ from collections.abc import Callable
 
 import torch
 
-DENSE = 32  # samples at the base interval whatever they cost: the rule's first verdicts stay as prompt
+from hookscope.doctor.timing.memory_growth import SEGMENT, SEGMENTS
+
+# Samples at the base interval whatever they cost: what memory_growth's first verdict needs, so it comes as
+# promptly as ever. No more: a walk costs the step after it several times its own time (it empties the
+# caches the step's kernels use), which the budget below cannot see.
+DENSE = SEGMENT * SEGMENTS
 BUDGET = 0.0025  # of the time between two reads, at most, once the dense samples are taken
 MAX_FACTOR = 16  # the interval grows to 16 x the base at most: a late leak shows within 18 x 16 x base steps
 
@@ -51,15 +56,16 @@ class MemoryProbe:
 
 class MemoryCadence:
     """When to read the memory: every ``every`` steps; with ``adaptive``, past the first :data:`DENSE`
-    samples, the interval doubles (up to :data:`MAX_FACTOR` times ``every``) after a read that took more
-    than :data:`BUDGET` of the time since the read before, and halves back after one that took less than
-    a quarter of that. A leak grows at every step, so sparser samples still show it, later; a growing heap
-    walk (``mallinfo2``) then costs at most about a quarter of a percent of the training time."""
+    samples from step ``warmup`` on (those the rule reads), the interval doubles (up to
+    :data:`MAX_FACTOR` times ``every``) after a read that took more than :data:`BUDGET` of the time
+    since the read before, and halves back after one that took less than a quarter of that. A leak
+    grows at every step, so sparser samples still show it, later; a growing heap walk (``mallinfo2``)
+    then costs at most about a quarter of a percent of the training time."""
 
-    def __init__(self, every: int, adaptive: bool) -> None:
+    def __init__(self, every: int, adaptive: bool, warmup: int = 0) -> None:
         self.base = self.every = every
-        self.adaptive = adaptive
-        self.taken = 0
+        self.adaptive, self.warmup = adaptive, warmup
+        self.taken = 0  # reads from step ``warmup`` on
         self.next = 0  # the next step read
         self._last: float | None = None  # when the last read ended (seconds)
 
@@ -69,7 +75,7 @@ class MemoryCadence:
     def read(self, step: int, started: float, ended: float) -> None:
         """Step ``step`` was read from ``started`` to ``ended`` (seconds of one clock): set the next one."""
         since, self._last = (started - self._last if self._last is not None else None), ended
-        self.taken += 1
+        self.taken += step >= self.warmup
         if self.adaptive and self.taken > DENSE and since is not None and since > 0:
             share = (ended - started) / since
             if share > BUDGET and self.every < self.base * MAX_FACTOR:

@@ -83,9 +83,12 @@ def memory_growth(steps: np.ndarray, values: np.ndarray, what: str, where: str, 
 
 def _clear_at(steps: np.ndarray, values: np.ndarray, start: int) -> int:
     """The step of the first sample at which the growth since ``start`` was already found (the rules
-    run now and then: the finding is named by the step it became clear at)."""
-    for end in range(start + SEGMENT * SEGMENTS, len(steps)):
-        if growth_start(steps[:end], values[:end]) is not None:
+    run now and then: the finding is named by the step it became clear at). ``start`` is found in runs
+    counted from the last sample, so the same growth seen from an earlier sample may start up to a run
+    before it."""
+    for end in range(max(SEGMENT * SEGMENTS, start + SEGMENT * (SEGMENTS - 1) + 1), len(steps)):
+        earlier = growth_start(steps[:end], values[:end])
+        if earlier is not None and earlier > start - SEGMENT:
             return int(steps[end - 1])
     return int(steps[-1])
 

@@ -132,7 +132,7 @@ class TimingRecorder:
             self.memory.close()
         self.memory = MemoryProbe(self.device)
         every = self.memory_every_asked or (1 if self.device.type == "cuda" else 4)
-        self.memory_cadence = MemoryCadence(every, adaptive=self.memory_every_asked is None)
+        self.memory_cadence = MemoryCadence(every, self.memory_every_asked is None, self.warmup)
         self._hooks.forward_pre(model, self._forward_starts)
         self._hooks.forward(model, self._forward_ends)
         self._gc.start()
