@@ -75,7 +75,8 @@ class MemoryCadence:
     def read(self, step: int, started: float, ended: float) -> None:
         """Step ``step`` was read from ``started`` to ``ended`` (seconds of one clock): set the next one."""
         since, self._last = (started - self._last if self._last is not None else None), ended
-        self.taken += step >= self.warmup
+        if step >= self.warmup:
+            self.taken += 1
         if self.adaptive and self.taken > DENSE and since is not None and since > 0:
             share = (ended - started) / since
             if share > BUDGET and self.every < self.base * MAX_FACTOR:
