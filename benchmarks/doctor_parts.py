@@ -67,9 +67,9 @@ def doctor_without(*parts: str) -> hs.callbacks.Doctor:
         engine.check_every = 1 << 62
     for part in {"timing", "protocol"} & set(parts):
         setattr(engine, part, Silent())
-        engine._recorders = tuple(
-            r for r in engine._recorders if r.__class__.__name__ != f"{part.title()}Recorder"
-        )
+        kept = f"{part.title()}Recorder"
+        engine._recorders = tuple(r for r in engine._recorders if r.__class__.__name__ != kept)
+        engine._every_step = tuple(r for r in engine._every_step if r.__class__.__name__ != kept)
     if "timing" in parts:
         doctor.wrap_method = lambda event, method: method  # no callback timed either
     return doctor

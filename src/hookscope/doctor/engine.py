@@ -99,15 +99,20 @@ class Engine:
         )
         self.saturation = SaturationRecorder(self.thresholds.saturation_margin)
         self.adversaries = Adversaries()  # another optimizer playing against the loss: a game
-        self._recorders = (self.activations, self.gradients, self.saturation)
+        self._statistics = (self.activations, self.gradients, self.saturation)
         self.training_of = training_of
-        for recorder in self._recorders:
+        for recorder in self._statistics:
             recorder.training_of = training_of
         # the protocol's checks are rules with hooks of their own: recording without rules needs none
         self.protocol = ProtocolRecorder()
         self.timing = TimingRecorder()
-        if diagnose:
-            self._recorders += (self.protocol, self.timing)
+        self._every_step = (self.protocol, self.timing) if diagnose else ()
+        self._recorders = self._statistics + self._every_step
+        # The statistics recorders follow the batch: true from a recorded training step or another batch
+        # to the next training step that is not recorded. Between two records they have nothing to do
+        # (their hooks are off), so they are not called: each call inside a step costs several times its
+        # time outside one (the step's tensors push the interpreter out of the caches).
+        self._statistics_follow = True
         self.losses = LossHistory()
         # called with the new findings at the end of every check: an adapter logs or acts then
         self.after_check: list[Callable[[list[Finding]], None]] = []
@@ -163,6 +168,7 @@ class Engine:
         self.saturation.margin = self.thresholds.saturation_margin
         for recorder in self._recorders:
             recorder.attach(model)
+        self._statistics_follow = True
         self.adversaries.attach(model)
         self._sizes = {name: p.numel() for name, p in model.named_parameters()}
         self._params = dict(model.named_parameters())
@@ -186,7 +192,11 @@ class Engine:
         if training:
             self._step = step
             recorded = self.cadence(step)
-        for recorder in self._recorders:
+        if recorded or not training or self._statistics_follow:
+            for recorder in self._statistics:
+                recorder.begin_batch(step, training, recorded)
+        self._statistics_follow = recorded or not training
+        for recorder in self._every_step:
             recorder.begin_batch(step, training, recorded)
 
     def plan_run(
@@ -208,26 +218,30 @@ class Engine:
         if self.diagnose_enabled:
             self.timing.log_loss(loss, training)
         if training:
-            self._losses.append((self._step, loss.detach().float()))
+            loss = loss.detach()
+            self._losses.append((self._step, loss if loss.dtype == torch.float32 else loss.float()))
         elif self._in_valid:
             self._valid_losses.append(loss.detach())
 
     def gradients_ready(self) -> None:
         """The gradients of this optimizer step are final (unscaled, before clipping)."""
-        self.gradients.gradients_ready()
+        if self._statistics_follow:
+            self.gradients.gradients_ready()
         self.protocol.gradients_ready()
         self.timing.gradients_ready()
         self.adversaries.watched_step()
 
     def step_done(self) -> None:
         """The optimizer stepped (update ratios are measured around it)."""
-        self.gradients.step_done()
+        if self._statistics_follow:
+            self.gradients.step_done()
         self.protocol.step_done()
         self.timing.step_done()
 
     def step_cancelled(self) -> None:
         """The step was cancelled after :meth:`gradients_ready`: the norms stay, without a ratio."""
-        self.gradients.step_cancelled()
+        if self._statistics_follow:
+            self.gradients.step_cancelled()
         self.protocol.step_cancelled()
         self.timing.step_cancelled()
 
@@ -238,7 +252,9 @@ class Engine:
 
     def end_batch(self) -> None:
         """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
-        for recorder in self._recorders:
+        for recorder in self._statistics if self._statistics_follow else ():
+            recorder.end_batch()
+        for recorder in self._every_step:
             recorder.end_batch()
         self._steps_since_check += 1
         if self._steps_since_check >= self.check_every:

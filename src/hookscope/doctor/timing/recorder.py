@@ -172,8 +172,10 @@ class TimingRecorder:
         self._step = step
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
-        self.host_syncs.begin(step)
-        self.slow_layers.begin_batch(step)
+        if self.host_syncs.active:  # CUDA only
+            self.host_syncs.begin(step)
+        if self.slow_layers.start is not None:  # a profile was asked for
+            self.slow_layers.begin_batch(step)
 
     def log_loss(self, loss: torch.Tensor, training: bool) -> None:
         """The loss ends the forward when the root forward's end was not seen."""
@@ -196,8 +198,10 @@ class TimingRecorder:
     def end_batch(self) -> None:
         """The training step ends: close its row; sample memory when its cadence says."""
         self._switch(DATA)
-        self.host_syncs.end()
-        self.slow_layers.end_batch()
+        if self.host_syncs.active:
+            self.host_syncs.end()
+        if self.slow_layers.start is not None:
+            self.slow_layers.end_batch()
         self._clock.close(self._step, self._gc.take(), self._wait.take(), self._callbacks_in_data)
         self._callbacks_in_data = 0.0
         if self._open_notes:
