@@ -1,13 +1,15 @@
 """``stale_gradients``: an optimizer step applies gradients that still hold those of the step before.
 
-A few trainable parameters of the watched optimizer (the first, the middle and the last) carry two host
-hooks: a tensor hook, which runs when a backward's gradient arrives and before it is added to ``.grad``,
-and a post-accumulate hook, which runs once it was added. Right after each optimizer step the parameter's
-``.grad`` is remembered (a weak reference and its version counter). A gradient that arrives while ``.grad``
-is still that very tensor, unchanged since the step, is added onto the previous step's gradient: the
-result carries it on. ``zero_grad()`` sets ``.grad`` to None or zeroes it in place (which bumps the
-version), and either clears it. When the next step is about to apply gradients that still carry the
-previous step's, the step is stale: named at the second optimizer step of a loop without ``zero_grad``.
+A few trainable parameters of the watched optimizer (the first, the middle and the last) carry a host
+hook that runs once a backward's gradient was added to ``.grad`` (a post-accumulate hook). Right after
+each optimizer step the parameter's ``.grad`` is remembered (a weak reference and its version counter).
+Autograd adds a gradient into an existing ``.grad`` in place, one write: a ``.grad`` that is still that
+very tensor, written exactly once since the step, received the gradient on top of the previous step's,
+and carries it on. ``zero_grad()`` sets ``.grad`` to None (the next backward makes a new tensor) or
+zeroes it in place (a second write), and either clears it. (A backward with ``create_graph=True`` adds
+out of place, into a new tensor: seen as cleared.) When the next step is about to apply gradients that
+still carry the previous step's, the step is stale: named at the second optimizer step of a loop without
+``zero_grad``.
 
 Told apart from what is fine by the pattern of backward passes and steps alone:
 
@@ -46,15 +48,15 @@ class _Watched:
     def __init__(self, name: str, param: nn.Parameter) -> None:
         self.name, self.param = name, param
         self.left: tuple[weakref.ref, int] | None = None  # .grad right after the last step, its version
-        self.landing = False  # the gradient arriving now lands on what the last step left
         self.hit = False  # a backward since the last step landed on it
 
-    def carries_last_step(self) -> bool:
+    def carries_last_step(self, writes: int = 0) -> bool:
+        """``.grad`` is the tensor the last step left, written ``writes`` times since."""
         grad = self.param.grad
         if grad is None or self.left is None:
             return False
         ref, version = self.left
-        return ref() is grad and compat.tensor_version(grad) == version
+        return ref() is grad and compat.tensor_version(grad) == version + writes
 
     def remember(self) -> None:
         grad = self.param.grad
@@ -132,24 +134,15 @@ class StaleGradients:
         picks = sorted({0, len(named) // 2, len(named) - 1}) if named else []
         self._watched = [_Watched(*named[i]) for i in picks[:WATCHED]]
         for watched in self._watched:
-            self._hooks.tensor(watched.param, self._arriving(watched))
             self._hooks.param(watched.param, self._arrived(watched))
-
-    @staticmethod
-    def _arriving(watched: _Watched) -> Any:
-        def hook(grad: torch.Tensor) -> None:
-            watched.landing = watched.carries_last_step()
-
-        return hook
 
     @staticmethod
     def _arrived(watched: _Watched) -> Any:
         def hook(param: nn.Parameter) -> None:
-            if watched.landing:  # the sum carries the last step's gradient on: follow it
+            if watched.carries_last_step(writes=1):  # added onto the last step's: follow the sum
                 watched.hit = True
                 watched.remember()
             else:
                 watched.left = None
-            watched.landing = False
 
         return hook
