@@ -21,8 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +31,7 @@ from hookscope.hooks.handles import HookSet
 from hookscope.hooks.nonfinite import NonFiniteReport, find_nonfinite
 from hookscope.hooks.rng import TorchRng, restore_torch_rng, torch_rng
 from hookscope.hooks.select import Spec, select
-from hookscope.hooks.stats import local_part, several_ranks
+from hookscope.hooks.stats import local_part, local_parts, several_ranks
 from hookscope.hooks.tensors import tensors_in
 
 CHECKS = ("activation", "loss", "gradient")
@@ -89,7 +88,7 @@ class NonFiniteCheck:
 
         The one host read of the guard.
         """
-        grads = [local_part(p.grad) for p in params if p.grad is not None]  # a sharded one: this rank's shard
+        grads = local_parts([p.grad for p in params if p.grad is not None])  # sharded: this rank's shard
         if _all_finite([*_scalars_as_one(self.extremes + self.losses), *grads], device):
             self.clear()
             return None
@@ -123,8 +122,7 @@ class NonFiniteCheck:
             self.extremes = [_stand_in(_finite(self.extremes, None))]
 
 
-@dataclass(frozen=True)
-class _Batch:
+class _Batch(NamedTuple):
     """One noted forward: how the model was called, the targets of its loss, and the state it ran in."""
 
     args: tuple

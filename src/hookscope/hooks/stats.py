@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar, overload
 
@@ -590,6 +590,15 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
 
 
+def local_parts(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`local_part` of each tensor, the ``DTensor`` type looked up once (the per-step paths call
+    this for every gradient)."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return list(tensors)
+    return [t.to_local() if isinstance(t, dtensor) else t for t in tensors]
+
+
 def _dtensor_type() -> type | None:
     """``DTensor``, or None while nothing imported it (then no tensor is one): keeps ``import hookscope``
     and the single-process path off ``torch.distributed.tensor``."""
@@ -606,7 +615,7 @@ def whole_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """
     if not tensors:
         return torch.zeros(0, dtype=torch.float32)
-    norms = torch.stack(compat.foreach_norm([local_part(t) for t in tensors])).to(torch.float32)
+    norms = torch.stack(compat.foreach_norm(local_parts(tensors))).to(torch.float32)
     return combine_shard_norms(norms, tensors)
 
 
@@ -663,7 +672,7 @@ class UpdateRatio:
         """Remember the current weights (copied into buffers reused from step to step)."""
         if not self.params:
             return
-        params = [local_part(p) for p in self.params]  # a DTensor's shard: the optimizer updates it in place
+        params = local_parts(self.params)  # a DTensor's shard: the optimizer updates it in place
         if len(self._before) != len(params):
             self._before = [torch.empty_like(p) for p in params]
         compat.foreach_copy_(self._before, params)
@@ -678,7 +687,7 @@ class UpdateRatio:
                 "UpdateRatio.after() called without before(); call before() ahead of opt.step()"
             )
         self._armed = False
-        params = [local_part(p) for p in self.params]
+        params = local_parts(self.params)
         compat.foreach_sub_(self._before, params)
         # one fused call for both lists: each op call costs more than these small norms
         norms = torch.stack(compat.foreach_norm(self._before + params))

@@ -73,11 +73,15 @@ class RepeatedBatch:
         if not self.enabled or self._taken or inputs is None:
             return
         self._taken = True
-        flat = _flat_view(inputs.detach() if inputs.requires_grad else inputs)
-        if flat is None:
-            return
-        stride, weights = self._plan(flat)
-        sample = flat[::stride]
+        x = inputs.detach() if inputs.requires_grad else inputs
+        stride, weights = self._plan(x.numel(), x.device)
+        if x.is_contiguous():  # every stride-th value in memory order, in one op
+            sample = x.as_strided((weights.shape[1],), (stride,))
+        else:
+            flat = _flat_view(x)
+            if flat is None:
+                return
+            sample = flat[::stride]
         if sample.dtype != torch.float32:
             sample = sample.float()
         out = self.ring.row(sample.device)
@@ -132,13 +136,12 @@ class RepeatedBatch:
             return False
         return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(value, self._last, strict=True))
 
-    def _plan(self, flat: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """The sampling stride for this many values and the weights of that many samples, on the device."""
-        key = (flat.numel(), flat.device)
+    def _plan(self, n: int, device: torch.device) -> tuple[int, torch.Tensor]:
+        """The sampling stride for ``n`` values and the weights of that many samples, on ``device``."""
+        key = (n, device)
         if key not in self._plans:
             if len(self._plans) >= PLANS:
                 self._plans.clear()  # inputs of ever new sizes (text of every length): stay bounded
-            n, device = key
             stride = _next_prime(-(-n // SAMPLE)) if n > SAMPLE else 1
             generator = torch.Generator().manual_seed(0)  # the same fingerprints after a resume
             weights = torch.rand(2, SAMPLE, generator=generator).add_(0.5)
