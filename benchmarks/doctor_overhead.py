@@ -8,7 +8,10 @@ Variants, run alternating in the same process (medians over rounds, and the medi
 - ``ResNet18``: torchvision's, weights=None, batches of ``--resnet-batch`` (default 8) 3x224x224 random
   images, ``--resnet-steps`` steps (default 100), bare and with ``Doctor()``;
 - in both tables ``Doctor(guard=False)``: the Doctor without its non-finite guard, whose one host read per
-  step is what a GPU pays for (docs/doctor.md#nonfiniteguard).
+  step is what a GPU pays for (docs/doctor.md#nonfiniteguard);
+- ``--parts``: the small CNN's table without ``Doctor(every=1)``, with ``Doctor()`` less its protocol
+  recorder, less its timing recorder, less both (the Doctor before the checks around the model and the
+  timing), and the engine alone (less the guard too), as ``doctor_parts.doctor_without`` builds them.
 
 The Doctor's defaults take the per-layer statistics on an adaptive schedule (every step of the first
 10, then every 50th, densely again while a check is suspicious) and keep the loss at every step, so its
@@ -38,6 +41,7 @@ compilation is timed.
     python benchmarks/doctor_overhead.py --cnn-only    # the small CNN's table alone
     python benchmarks/doctor_overhead.py --cnn-only --cnn-steps 3000  # a long fit: the warm-up amortised
     python benchmarks/doctor_overhead.py --cuda --resnet-batch 64      # on a GPU, a realistic batch
+    python benchmarks/doctor_overhead.py --cnn-only --parts           # what each part of Doctor() costs
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from common import (
     paired_ratio,
     run_alternating,
 )
-from doctor_parts import free_read_us
+from doctor_parts import doctor_without, free_read_us
 from stats_overhead import small_cnn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -88,7 +92,7 @@ def fit(
     """Seconds per training step of ``epochs`` epochs on ``device``, bare (``doctor=None``) or with
     ``Doctor(**doctor)``; on a GPU, from an idle device to the end of the fit's last kernel."""
     torch.manual_seed(0)
-    cbs = [hs.callbacks.Doctor(quiet=True, **doctor)] if doctor is not None else []
+    cbs = [make_doctor(doctor)] if doctor is not None else []
     learn = hs.Learner(
         build(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False, device=device
     )
@@ -98,6 +102,22 @@ def fit(
     learn.fit(epochs)
     synchronize()
     return (clock() - start) / (epochs * len(loaders[0]))
+
+
+def make_doctor(options: dict) -> hs.callbacks.Doctor:
+    """``Doctor(quiet=True, **options)``; with ``options["without"]``, ``Doctor()`` less those parts
+    (``doctor_parts.doctor_without``: "guard", "timing", "protocol")."""
+    if "without" in options:
+        return doctor_without(*options["without"])
+    return hs.callbacks.Doctor(quiet=True, **options)
+
+
+PARTS_LEFT_OUT = {
+    "+ Doctor() without protocol": ("protocol",),
+    "+ Doctor() without timing": ("timing",),
+    "+ Doctor() without protocol, timing": ("protocol", "timing"),
+    "+ engine alone": ("protocol", "timing", "guard"),
+}
 
 
 def resnet18() -> nn.Module:
@@ -181,6 +201,7 @@ def main() -> None:
             "--compile": "the small CNN compiled, bare and with Doctor()",
             "--cnn-only": "the small CNN alone (ResNet18 takes ~4 minutes a round)",
             "--cuda": "on the GPU (the wall clock, synchronised at each fit's ends)",
+            "--parts": "the small CNN with Doctor() less its protocol, timing, both, and all but its engine",
         },
         {
             "--cnn-steps": (300, "training steps of a small-CNN fit, in three epochs when divisible by 3"),
@@ -223,10 +244,15 @@ def main() -> None:
     cnn_loaders = random_loaders(cnn_steps // cnn_epochs, 64, (1, 28, 28))
     cnn = partial(fit, small_cnn, cnn_loaders, cnn_epochs, clock, device=device)
     walk_before = free_read_us()
+    variants = doctor_variants(cnn)
+    if args.parts:
+        variants.update({name: partial(cnn, {"without": parts}) for name, parts in PARTS_LEFT_OUT.items()})
+    else:
+        variants["+ Doctor(every=1)"] = partial(cnn, {"every": 1})
     measure(
         f"Doctor() overhead: small CNN 1x28x28, batch 64, {cnn_steps} steps x {rounds} rounds, {where}, "
         f"{args.clock} clock",
-        {**doctor_variants(cnn), "+ Doctor(every=1)": partial(cnn, {"every": 1})},
+        variants,
         rounds,
         cnn_steps,
     )
