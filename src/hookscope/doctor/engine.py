@@ -252,8 +252,9 @@ class Engine:
 
     def end_batch(self) -> None:
         """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
-        for recorder in self._statistics if self._statistics_follow else ():
-            recorder.end_batch()
+        if self._statistics_follow:
+            for recorder in self._statistics:
+                recorder.end_batch()
         for recorder in self._every_step:
             recorder.end_batch()
         self._steps_since_check += 1
