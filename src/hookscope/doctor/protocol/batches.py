@@ -2,19 +2,20 @@
 
 ``repeated_batch``: the same inputs for several optimizer steps in a row — ``x, y = next(iter(loader))``
 inside the loop, an unshuffled loader re-created every step. The first tensor given to the first forward
-with autograd of each optimizer step is fingerprinted on the device: two weighted sums of at most
-:data:`SAMPLE` of its values, taken at a prime stride over the whole tensor (so a stride never lines up with
-an image's rows and samples only its constant border), written into a :class:`~.ring.DeviceRing`. A check
-reads the new fingerprints in one transfer; :data:`REPEATS` equal ones in a row are a finding. Training on
-one batch on purpose (a dataset that fits in one batch, overfitting a batch as a test) looks the same:
-the loop can say so with ``batches_per_epoch=1``, which switches the check off. A model whose first input
-is constant (a fixed mask or position ids given before the data) would need another tensor to look at;
-an input that is a view with gaps (a slice of a larger tensor) is skipped rather than copied.
+with autograd of each watched optimizer step (:mod:`~.looks`) is fingerprinted on the device: two
+weighted sums of at most :data:`SAMPLE` of its values, taken at a prime stride over the whole tensor (so a
+stride never lines up with an image's rows and samples only its constant border), written into a
+:class:`~.ring.DeviceRing`. A check reads the new fingerprints in one transfer; :data:`REPEATS` equal ones
+of consecutive steps are a finding. Training on one batch on purpose (a dataset that fits in one batch,
+overfitting a batch as a test) looks the same: the loop can say so with ``batches_per_epoch=1``, which
+switches the check off. A model whose first input is constant (a fixed mask or position ids given before
+the data) would need another tensor to look at; an input that is a view with gaps (a slice of a larger
+tensor) is skipped rather than copied.
 
 ``unshuffled_data``: batches whose label mix is far from the data's — a dataset sorted by label and never
 shuffled. From class-index targets (1-D integer tensors; floats — regression, soft labels — and other
-shapes are skipped) each batch's labels (its first :data:`LABELS`) are copied into a device ring, one op
-per step; a check reads the new ones in one transfer and counts them on the host (:data:`CLASSES`
+shapes are skipped) each watched batch's labels (its first :data:`LABELS`) are copied into a device ring,
+one op per step; a check reads the new ones in one transfer and counts them on the host (:data:`CLASSES`
 buckets, larger class indices folded onto them). It compares the recent batches (:data:`WINDOW`) with
 the running mix of every label seen: their mean total-variation distance from it, against the distance
 random sampling gives for their batch size (computed exactly from the binomial) and against that of
@@ -61,6 +62,7 @@ class RepeatedBatch:
         self._taken = False  # this step's fingerprint is written
         self._step = 0
         self._last: tuple[float, float] | None = None
+        self._last_step = -1  # the step of the last fingerprint read
         self._run = (0, 0)  # (first step, length) of the current run of equal fingerprints
         self.found: tuple[int, int] | None = None  # (first step, steps) of the first run long enough
 
@@ -104,8 +106,9 @@ class RepeatedBatch:
         for step, row in self.ring.take(host):
             value = (float(row[0]), float(row[1]))
             start, length = self._run
-            self._run = (start, length + 1) if self._equal(value) else (step, 1)
-            self._last = value
+            in_a_row = step == self._last_step + 1 and self._equal(value)  # looks leave steps out
+            self._run = (start, length + 1) if in_a_row else (step, 1)
+            self._last, self._last_step = value, step
             first_long_run = self.found is None and self._run[1] >= REPEATS
             if first_long_run or (self.found is not None and self.found[0] == self._run[0]):
                 self.found = self._run  # the first long run, followed to its end
@@ -124,10 +127,16 @@ class RepeatedBatch:
         return [Finding("repeated_batch", "", start, "error", message, {"steps": steps})]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last": list(self._last) if self._last else None, "run": list(self._run), "found": self.found}
+        return {
+            "last": list(self._last) if self._last else None,
+            "last_step": self._last_step,
+            "run": list(self._run),
+            "found": self.found,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last = tuple(state["last"]) if state["last"] else None  # type: ignore[assignment]
+        self._last_step = int(state.get("last_step", -1))  # older checkpoints: a run starts anew
         self._run = (int(state["run"][0]), int(state["run"][1]))
         self.found = tuple(state["found"]) if state["found"] else None  # type: ignore[assignment]
 

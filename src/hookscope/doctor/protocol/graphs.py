@@ -5,12 +5,13 @@ a validation loop without ``torch.no_grad()`` that sums its losses keeps each fo
 alive (and with it whatever it holds): memory grows step after step.
 
 A graph's nodes cannot be weakly referenced, but ``grad_fn.metadata`` is a dict that lives exactly as
-long as the node. After each forward of the model with autograd, a small sentinel is put in the metadata
-of its output's ``grad_fn``, and a weak reference to the sentinel kept (the last :data:`TRACKED`
-forwards). That node is an ancestor of everything computed from the output — the loss, a sum of losses,
-the output itself kept in a list — so it lives as long as any of them: the sentinels still alive at a
-check are the forwards whose graph is still held. A normal loop holds its last forward's (the ``out`` and
-``loss`` variables), a few for models run several times a step (multi-crop, a siamese pair). More than
+long as the node. After each forward of the model with autograd (on the steps :mod:`~.looks` watches,
+and every evaluation forward), a small sentinel is put in the metadata of its output's ``grad_fn``, and
+a weak reference to the sentinel kept (the last :data:`TRACKED` forwards). That node is an ancestor of
+everything computed from the output — the loss, a sum of losses, the output itself kept in a list — so
+it lives as long as any of them: the sentinels still alive at a check are the forwards whose graph is
+still held. A normal loop holds its last forward's (the ``out`` and ``loss`` variables), a few for
+models run several times a step (multi-crop, a siamese pair). More than
 :data:`KEPT` at two checks in a row, and more at the second, is a finding. Host objects only: no tensor
 is touched, and the loss need not be logged. Memory: on CUDA, the growth of
 ``torch.cuda.memory_allocated`` (a host counter) between the two checks, over the steps between them;

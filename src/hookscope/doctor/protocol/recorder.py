@@ -13,8 +13,10 @@ a few parameters (stale gradients). :meth:`~ProtocolRecorder.findings` reads wha
 device in one transfer (:meth:`~ProtocolRecorder.flush`), runs the checks on host numbers and returns
 the findings not returned before.
 
-Per step it costs host work (flags, weak references, learning rates) and two small device ops (the
-input's fingerprint, a copy of the batch's labels), never a host read.
+Per step it costs host work (flags, weak references, learning rates); on the steps :class:`~.looks.Looks`
+watches (every step of the first 32, then 4 in every 32, and after a validation pass), also two small
+device ops (the input's fingerprint, a copy of the batch's labels) and a tag in the output's graph. Never
+a host read.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hookscope.doctor.findings import Finding
 from hookscope.doctor.protocol.batches import LabelMix, RepeatedBatch
 from hookscope.doctor.protocol.gradients import StaleGradients
 from hookscope.doctor.protocol.graphs import GraphsKeptAlive
+from hookscope.doctor.protocol.looks import Looks
 from hookscope.doctor.protocol.lr import LearningRateSchedule
 from hookscope.doctor.protocol.modes import ModeCheck
 from hookscope.hooks.handles import HookSet
@@ -57,6 +60,7 @@ class ProtocolRecorder:
         self.labels = LabelMix()
         self.graphs = GraphsKeptAlive()
         self.lr = LearningRateSchedule()
+        self.looks = Looks()  # the steps the device checks (fingerprint, labels, graph tags) look at
         self.plan_run(total_steps, batches_per_epoch, schedulers)
         self._hooks = HookSet()
         self._reported: set[str] = set()
@@ -75,6 +79,7 @@ class ProtocolRecorder:
 
     def attach(self, model: nn.Module) -> None:
         self._hooks.remove()
+        self.looks.restart()
         self.stale.attach(model)
         self.modes.attach(model)
         self._hooks.forward_pre(model, self._before_forward, with_kwargs=True)
@@ -85,8 +90,9 @@ class ProtocolRecorder:
         self.lr.watch_optimizer(optimizer)
 
     def begin_batch(self, step: int, training: bool, recorded: bool = True) -> None:
-        """A batch starts. ``recorded`` (the engine's cadence) does not matter here: the protocol is
-        checked at every step; it is taken so the engine can drive every recorder alike."""
+        """A batch starts. ``recorded`` (the engine's cadence) does not matter here: the protocol keeps its
+        own looks (:mod:`~.looks`); it is taken so the engine can drive every recorder alike."""
+        self.looks.begin_batch(step, training)
         for check in (self.stale, self.modes, self.repeats, self.labels, self.graphs, self.lr):
             check.begin_batch(step, training)
 
@@ -94,8 +100,8 @@ class ProtocolRecorder:
         """Nothing reads the loss: ``graph_kept_alive`` tags the model's output, an ancestor of it."""
 
     def log_target(self, target: Any, training: bool = True) -> None:
-        """The batch's targets: class indices feed ``unshuffled_data`` (training batches only)."""
-        if training:
+        """The batch's targets: class indices feed ``unshuffled_data`` (watched training batches)."""
+        if training and self.looks.watching:
             self.labels.log_target(target)
 
     def gradients_ready(self) -> None:
@@ -197,14 +203,16 @@ class ProtocolRecorder:
         self.labels.load_state_dict(state["labels"])
         self.graphs.load_state_dict(state["graphs"])
         self.lr.load_state_dict(state["lr"])
+        self.looks.restart()
 
     # ---- hooks ---------------------------------------------------------------------------------------
 
     def _before_forward(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         self.modes.forward(model)
-        if torch.is_grad_enabled():
+        if self.looks.watching and torch.is_grad_enabled():
             self.repeats.forward(first_tensor(args) if args else first_tensor(kwargs))
 
     def _after_forward(self, model: nn.Module, args: tuple, output: Any) -> None:
-        if torch.is_grad_enabled():
+        # an evaluation's forward with autograd (no torch.no_grad()) is tagged whatever the look
+        if (self.looks.watching or not model.training) and torch.is_grad_enabled():
             self.graphs.forward_output(first_tensor(output))

@@ -1,0 +1,45 @@
+"""Which training steps the protocol's device checks look at: densely at the start, in short looks after.
+
+Three checks put work on the device at a step — ``repeated_batch`` fingerprints the input,
+``unshuffled_data`` copies the labels, ``graph_kept_alive`` tags the output's graph — and inside a step
+each such op costs several times its time alone (the step's tensors push the interpreter out of the
+caches). The mistakes they catch are in the program from its first step (``next(iter(loader))`` in the
+loop, a dataset sorted by label, ``total += loss``), or begin where the loop changes course: after a
+validation pass, at a resume, in a second fit. So :class:`Looks` watches every step of the first
+:data:`DENSE`, then :data:`WINDOW` consecutive steps every :data:`PERIOD`, and the :data:`WINDOW` steps
+after each of those changes of course (a batch that does not train, an attach, a resume). A mistake there
+from the start is named as promptly as before; one that begins late, on one of the unwatched steps, is
+named at the next look, at most :data:`PERIOD` steps later (``graph_kept_alive`` needs a few looks: its
+count of live graphs must pass :data:`~.graphs.KEPT`).
+
+The host checks (``stale_gradients``, the modes, the learning rate) read host flags and numbers only and
+look at every step.
+"""
+
+from __future__ import annotations
+
+DENSE = 32  # the first steps, all watched: most loop mistakes are there from the first step
+WINDOW = 4  # consecutive steps in a look: repeated_batch needs REPEATS (3) equal inputs in a row
+PERIOD = 32  # steps between the starts of two looks
+
+
+class Looks:
+    """Whether the training step that begins is watched (:attr:`watching`), decided at each batch."""
+
+    def __init__(self) -> None:
+        self.watching = True
+        self._until: int | None = None  # watch every step before this one (None: from the next step on)
+
+    def restart(self) -> None:
+        """The loop changed course (an attach, a resume, a batch that does not train): watch the next
+        :data:`WINDOW` training steps."""
+        self._until = None
+
+    def begin_batch(self, step: int, training: bool) -> None:
+        if not training:
+            self.restart()
+            self.watching = True  # what a validation forward does is watched too (its graphs)
+            return
+        if self._until is None:
+            self._until = step + WINDOW
+        self.watching = step < DENSE or step < self._until or step % PERIOD < WINDOW
