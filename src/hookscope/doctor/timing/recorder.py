@@ -98,6 +98,7 @@ class TimingRecorder:
         self.stalls = StallDetector()
         self.callback_time = CallbackTime()
         self.memory: MemoryProbe | None = None
+        self._memory_read: list[tuple[int, int]] = []  # (step, bytes) read since the last flush
         self.steps_read = 0  # steps whose times reached the host
         self._ruled_at: int | None = None  # steps_read when the rules last ran
         self._closed = False
@@ -213,7 +214,7 @@ class TimingRecorder:
             started = time.perf_counter()
             used = self.memory.read()
             self.memory_cadence.read(self._step, started, time.perf_counter())
-            self._take_memory(self._step, used)
+            self._memory_read.append((self._step, used))  # into the histories at the next flush
 
     def begin_valid(self) -> None:
         self._switch(VALID)
@@ -251,9 +252,12 @@ class TimingRecorder:
     # ---- checking ------------------------------------------------------------------------------------
 
     def flush(self, wait: bool = False) -> None:
-        """The rows of the steps finished since the last read into the histories; each new step judged
-        for stalls. On CUDA, steps the device has not finished wait for the next read (``wait``: for
-        all of them)."""
+        """The rows of the steps finished since the last read, and the memory read since, into the
+        histories; each new step judged for stalls. On CUDA, steps the device has not finished wait for
+        the next read (``wait``: for all of them)."""
+        memory, self._memory_read = self._memory_read, []
+        for step, used in memory:
+            self._take_memory(step, used)
         rows = self._clock.take(wait)
         new = 0
         for step, row in rows:
@@ -382,6 +386,7 @@ class TimingRecorder:
         self.history.load_state_dict(state["history"])
         self.memory_recent.load_state_dict(state["memory_recent"])
         self.memory_history.load_state_dict(state["memory_history"])
+        self._memory_read = []
         self.stalls.load_state_dict(state["stalls"])
         self.recompiles.load_state_dict(state["recompiles"])
         self.slowdown.load_state_dict(state.get("slowdown", {}))  # older checkpoints have none
