@@ -13,6 +13,13 @@ def test_schedule_records_warmup_interval_and_alerts_and_resumes_its_alert():
     assert [s for s in range(25) if resumed(s)] == [s for s in range(25) if schedule(s)]
 
 
+def test_a_window_records_the_first_steps_of_every_interval():
+    schedule = RecordingSchedule(warmup=3, every=10, window=2)
+    assert [s for s in range(25) if schedule(s)] == [0, 1, 2, 10, 11, 20, 21]
+    with pytest.raises(ValueError, match="window=11; use warmup >= 0, every >= 1 and 1 <= window <= every"):
+        RecordingSchedule(every=10, window=11)
+
+
 def test_a_fixed_cadence_doubles_its_interval_with_each_thinning_the_adaptive_one_keeps_it():
     fixed = Cadence(3)
     assert [s for s in range(13) if fixed(s)] == [0, 3, 6, 9, 12]

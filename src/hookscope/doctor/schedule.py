@@ -30,18 +30,20 @@ from typing import Any
 
 
 class RecordingSchedule:
-    """Record every step below ``warmup`` and below ``alert_until``, else every ``every``-th step."""
+    """Record every step below ``warmup`` and below ``alert_until``, else the first ``window`` steps of
+    every ``every`` (``window=1``: every ``every``-th step)."""
 
-    def __init__(self, warmup: int = 10, every: int = 50) -> None:
-        if warmup < 0 or every < 1:
+    def __init__(self, warmup: int = 10, every: int = 50, window: int = 1) -> None:
+        if warmup < 0 or every < 1 or not 1 <= window <= every:
             raise ValueError(
-                f"RecordingSchedule: warmup={warmup}, every={every}; use warmup >= 0 and every >= 1"
+                f"RecordingSchedule: warmup={warmup}, every={every}, window={window}; use warmup >= 0, "
+                "every >= 1 and 1 <= window <= every"
             )
-        self.warmup, self.every = warmup, every
+        self.warmup, self.every, self.window = warmup, every, window
         self.alert_until = 0
 
     def __call__(self, step: int) -> bool:
-        return step < self.warmup or step < self.alert_until or step % self.every == 0
+        return step < self.warmup or step < self.alert_until or step % self.every < self.window
 
     def tighten(self, until: int) -> None:
         """Record every step up to (not including) step ``until``."""

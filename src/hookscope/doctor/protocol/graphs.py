@@ -11,11 +11,10 @@ a weak reference to the sentinel kept (the last :data:`TRACKED` forwards). That 
 everything computed from the output — the loss, a sum of losses, the output itself kept in a list — so
 it lives as long as any of them: the sentinels still alive at a check are the forwards whose graph is
 still held. A normal loop holds its last forward's (the ``out`` and ``loss`` variables), a few for
-models run several times a step (multi-crop, a siamese pair). More than
-:data:`KEPT` at two checks in a row, and more at the second, is a finding. Host objects only: no tensor
-is touched, and the loss need not be logged. Memory: on CUDA, the growth of
-``torch.cuda.memory_allocated`` (a host counter) between the two checks, over the steps between them;
-on other devices it is not estimated.
+models run several times a step (multi-crop, a siamese pair). More than :data:`KEPT` at two checks in a
+row, and more at the second, is a finding. Host objects only: no tensor is touched, and the loss need
+not be logged. Memory: on CUDA, the growth of ``torch.cuda.memory_allocated`` (a host counter) between
+the two checks, over the steps between them; on other devices it is not estimated.
 """
 
 from __future__ import annotations

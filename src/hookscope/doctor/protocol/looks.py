@@ -18,28 +18,33 @@ look at every step.
 
 from __future__ import annotations
 
+from hookscope.doctor.schedule import RecordingSchedule
+
 DENSE = 32  # the first steps, all watched: most loop mistakes are there from the first step
 WINDOW = 4  # consecutive steps in a look: repeated_batch needs REPEATS (3) equal inputs in a row
 PERIOD = 32  # steps between the starts of two looks
 
 
 class Looks:
-    """Whether the training step that begins is watched (:attr:`watching`), decided at each batch."""
+    """Whether the training step that begins is watched (:attr:`watching`), decided at each batch on a
+    :class:`~hookscope.doctor.schedule.RecordingSchedule` that a change of course tightens."""
 
     def __init__(self) -> None:
         self.watching = True
-        self._until: int | None = None  # watch every step before this one (None: from the next step on)
+        self.schedule = RecordingSchedule(warmup=DENSE, every=PERIOD, window=WINDOW)
+        self._restarted = True  # the next training step starts a look
 
     def restart(self) -> None:
         """The loop changed course (an attach, a resume, a batch that does not train): watch the next
         :data:`WINDOW` training steps."""
-        self._until = None
+        self._restarted = True
 
     def begin_batch(self, step: int, training: bool) -> None:
         if not training:
             self.restart()
             self.watching = True  # what a validation forward does is watched too (its graphs)
             return
-        if self._until is None:
-            self._until = step + WINDOW
-        self.watching = step < DENSE or step < self._until or step % PERIOD < WINDOW
+        if self._restarted:
+            self.schedule.tighten(step + WINDOW)
+            self._restarted = False
+        self.watching = self.schedule(step)
