@@ -1,0 +1,185 @@
+"""Where ``Doctor()``'s own time goes inside a training step: microseconds per step in each of its parts.
+
+``doctor_overhead.py`` times whole fits against the bare Learner; on a shared 2-core VM the spread between
+two identical variants reaches 3% (docs/benchmarks.md, stop 40), so a change worth half a percent does
+not show there. This script times the Doctor from the inside instead: each event handler of the Doctor
+and of its guard, the root-module hooks of its protocol and timing recorders, the memory read and the
+guard's decision are wrapped with ``time.perf_counter`` on their classes, and one 300-step fit of the
+small CNN of ``doctor_overhead.py`` (three epochs, a validation batch each) runs ``--rounds`` times.
+
+Two tables: per *plain* step (neither recorded nor checked: past the warm-up of 10, not a 50th step or the
+one after, not the end of a check interval or an epoch), the microseconds inside each part, the wrapped
+calls nested in another listed under it; and per check (the rules every 10 steps, those after a recorded
+step and the last one left out: they read the statistics), the microseconds inside each part of a check.
+These are the Doctor's own times on caches the step's kernels left cold (a small op costs 20-80 µs
+there, a Python call about 1-2 µs), not what the step loses in all: the hooks' dispatch by torch and what
+the Doctor evicts from the caches are not in them. Rounds run in one process: the memory read's heap walk
+lengthens from fit to fit (``mallinfo2``, see hookscope/doctor/timing/memory.py), as in
+``doctor_overhead.py``.
+
+    python benchmarks/doctor_inside.py [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from common import benchmark_args
+from doctor_overhead import random_loaders
+from stats_overhead import small_cnn
+from torch import nn
+
+import hookscope as hs
+from hookscope.callbacks.doctor import Doctor
+from hookscope.callbacks.guard import NonFiniteGuard
+from hookscope.doctor.engine import Engine
+from hookscope.doctor.guard import BatchJournal, NonFiniteCheck
+from hookscope.doctor.protocol.recorder import ProtocolRecorder
+from hookscope.doctor.timing import memory
+from hookscope.doctor.timing.recorder import TimingRecorder
+from hookscope.train.callback import Callback
+
+STEPS, EPOCHS, CHECK_EVERY, RECORD_EVERY, WARMUP = 300, 3, 10, 50, 10
+
+# (class, method, the part it sits in: None for a step's top level) for the table of a plain step
+STEP_PARTS: list[tuple[type, str, str | None]] = [
+    *(
+        (Doctor, event, None)
+        for event in ("before_batch", "after_loss", "before_step", "after_step", "after_batch")
+    ),
+    *((NonFiniteGuard, event, None) for event in ("before_batch", "after_loss", "before_step")),
+    (ProtocolRecorder, "_before_forward", None),
+    (ProtocolRecorder, "_after_forward", None),
+    (TimingRecorder, "_forward_starts", None),
+    (TimingRecorder, "_forward_ends", None),
+    (BatchJournal, "record", "NonFiniteGuard.before_batch"),
+    (NonFiniteCheck, "decide", "NonFiniteGuard.before_step"),
+    (ProtocolRecorder, "begin_batch", "Doctor.before_batch"),
+    (ProtocolRecorder, "step_done", "Doctor.after_step"),
+    (TimingRecorder, "end_batch", "Doctor.after_batch"),
+    (memory._InUse, "__call__", "TimingRecorder.end_batch"),
+]
+CHECK_PARTS: list[tuple[type, str, str | None]] = [
+    (Engine, "check", None),
+    (Engine, "read_pending", "Engine.check"),
+    (TimingRecorder, "flush", "Engine.read_pending"),
+    (Engine, "_read_own", "Engine.read_pending"),
+    (Engine, "diagnose", "Engine.check"),
+    (Engine, "_stalled", "Engine.diagnose"),
+    (ProtocolRecorder, "findings", "Engine.diagnose"),
+    (TimingRecorder, "findings", "Engine.diagnose"),
+]
+
+
+def plain(step: int) -> bool:
+    """Neither recorded (the warm-up, every 50th step) nor checked, and not next to either."""
+    return (
+        step > WARMUP + 2
+        and step % RECORD_EVERY not in (0, 1)
+        and step % CHECK_EVERY != CHECK_EVERY - 1
+        and step % (STEPS // EPOCHS) not in (0, STEPS // EPOCHS - 1)
+    )
+
+
+def plain_check(step: int) -> bool:
+    """A check that reads no new statistics: not the first, not right after a recorded step, not the last."""
+    return step > WARMUP and step % RECORD_EVERY != CHECK_EVERY - 1 and step != STEPS - 1
+
+
+class Timer:
+    """Seconds inside each wrapped method, counted while ``counting(step)`` holds for the current step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.step = -1
+        self.counting: Callable[[int], bool] = lambda step: False
+
+    def wrap(self, cls: type, name: str) -> None:
+        method = getattr(cls, name)
+        label = f"{cls.__name__}.{name}"
+
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.counting(self.step):
+                return method(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+
+        setattr(cls, name, timed)
+
+
+class Steps(Callback):
+    """Tells the timers which training step runs (first in every event)."""
+
+    order = -1000
+
+    def __init__(self, *timers: Timer) -> None:
+        self.timers = timers
+
+    def before_batch(self) -> None:
+        if self.learn.training:
+            for timer in self.timers:
+                timer.step = self.learn.training_step
+
+
+def fit_once(*timers: Timer) -> None:
+    """One fit of the small CNN with ``Doctor()``, each timer told the training step."""
+    torch.manual_seed(0)
+    loaders = random_loaders(STEPS // EPOCHS, 64, (1, 28, 28))
+    cbs = [Steps(*timers), Doctor(quiet=True)]
+    hs.Learner(small_cnn(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=cbs, progress=False).fit(EPOCHS)
+
+
+def table(title: str, seconds: dict[str, float], count: int, rows: list[tuple[str, str | None]]) -> None:
+    """Each top-level part, with the parts inside it indented under it."""
+    print(title)
+
+    def show(parent: str | None, depth: int) -> None:
+        for label, outer in rows:
+            if outer == parent:
+                print(f"{'    ' * depth}  {seconds.get(label, 0.0) / count * 1e6:8.1f} µs  {label}")
+                show(label, depth + 1)
+
+    show(None, 0)
+
+
+def main() -> None:
+    args = benchmark_args(__doc__.splitlines()[0], {}, {})
+    rounds = 1 if args.quick else args.rounds
+    torch.set_num_threads(1)
+    steps, checks = Timer(), Timer()
+    steps.counting, checks.counting = plain, plain_check
+    for cls, name, _ in STEP_PARTS:
+        steps.wrap(cls, name)
+    for cls, name, _ in CHECK_PARTS:
+        checks.wrap(cls, name)
+    fit_once()  # warm-up: imports, numpy's and torch's first calls
+    for _ in range(rounds):
+        fit_once(steps, checks)  # each timer counts on its own steps of the same fits
+    plain_steps = rounds * sum(plain(s) for s in range(STEPS))
+    plain_checks = rounds * sum(plain_check(s) for s in range(CHECK_EVERY - 1, STEPS, CHECK_EVERY))
+    step_rows = [(f"{c.__name__}.{n}", p) for c, n, p in STEP_PARTS]
+    top = sum(steps.seconds.get(label, 0.0) for label, parent in step_rows if parent is None)
+    print(f"Doctor() from the inside: small CNN, {STEPS}-step fits x {rounds} rounds, 1 thread, perf_counter")
+    print(
+        f"  {top / plain_steps * 1e6:8.1f} µs per plain step inside the Doctor's parts ({plain_steps} steps)"
+    )
+    table("  per plain step:", steps.seconds, plain_steps, step_rows)
+    table(
+        f"  per check ({plain_checks} checks without new statistics):",
+        checks.seconds,
+        plain_checks,
+        [(f"{c.__name__}.{n}", p) for c, n, p in CHECK_PARTS],
+    )
+
+
+if __name__ == "__main__":
+    main()
