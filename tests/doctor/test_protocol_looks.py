@@ -87,3 +87,49 @@ def test_equal_inputs_of_steps_apart_are_no_run():
     fingerprint(66)
     check.read(np.asarray(check.ring.pending()))
     assert check.found == (64, 3)
+
+
+def _textbook(steps, before_step=lambda step, model, opt: None):
+    """Shuffled digits, SGD, zero_grad every step; ``before_step`` runs first in each step (it may change
+    the loop: stop zeroing, switch the model's mode). Returns the feed, and per step whether a parameter
+    carried the protocol's hook during its backward and how often the modes were read."""
+    model = cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt, check_every=10)
+    reads = []
+    forward = feed.recorder.modes.forward
+    feed.recorder.modes.forward = lambda root: (reads.append(feed.step), forward(root))
+    loader, loss_fn = digits(shuffle=True), nn.CrossEntropyLoss()
+    batches, hooked = iter(loader), {}
+    for step in range(steps):
+        zero = before_step(step, model, opt) is not False
+        x, y = next(batches, None) or next(batches := iter(loader))
+        if zero:
+            opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        feed.log(loss, y)
+        loss.backward()
+        hooked[step] = any(getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+        opt.step()
+    return feed, hooked, reads
+
+
+def test_a_missing_zero_grad_that_begins_between_looks_is_named_at_the_next_look():
+    feed, hooked, _ = _textbook(80, lambda step, model, opt: step < 40)
+    found = {f.kind: f for f in feed.close()}
+    assert found["stale_gradients"].step == 65  # the look of 64-67: its first step has nothing to compare
+    watched = {*range(36), *range(64, 68)}
+    assert [s for s in hooked if hooked[s]] == sorted(watched)  # no hook between the looks
+
+
+def test_model_eval_without_a_validation_pass_is_named_at_the_next_step():
+    def forget_train(step, model, opt):
+        if step == 40:
+            model.eval()  # a callback or a helper left the model in eval mode; nothing evaluates
+
+    feed, _, _ = _textbook(60, forget_train)
+    found = {f.kind: f for f in feed.close()}
+    assert found["train_in_eval_mode"].step == 41  # the mode's change starts a look
+    healthy, _, healthy_reads = _textbook(80)
+    assert "train_in_eval_mode" not in {f.kind for f in healthy.close()}
+    assert sorted(set(healthy_reads)) == [*range(36), *range(64, 68)]  # the modes are read in looks only

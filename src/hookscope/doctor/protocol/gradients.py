@@ -23,6 +23,10 @@ Told apart from what is fine by the pattern of backward passes and steps alone:
 
 The first step after :meth:`StaleGradients.attach` (or a resume) has no previous step to compare with.
 Nothing here touches a tensor's values: version counters and identities are host numbers.
+
+The hooks are on only while the protocol looks (:meth:`StaleGradients.watch`, on the steps of
+:mod:`~.looks`): each costs a call from autograd into Python at every backward. A look's first step has
+no previous step to compare with either, so a missing ``zero_grad`` is named at its second step.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class StaleGradients:
         self._hooks = HookSet()
         self._named: list[tuple[str, nn.Parameter]] = []
         self._watched: list[_Watched] = []
+        self._on = True  # the hooks are registered (the protocol looks at this step)
         self._step = 0
         self.first: tuple[int, str] | None = None  # (step, parameter) of the first stale step
         self.stale_steps = 0
@@ -89,8 +94,21 @@ class StaleGradients:
         if training:
             self._step = step
 
+    def watch(self, on: bool) -> None:
+        """Hook the watched parameters for the steps the protocol looks at (``on``), unhook them between
+        looks; a look starts with nothing remembered."""
+        if on == self._on:
+            return
+        self._on = on
+        if on:
+            self._register()
+        else:
+            self._hooks.remove()
+
     def gradients_ready(self) -> None:
         """The step is about to apply the gradients: do they still carry the previous step's?"""
+        if not self._on:
+            return
         stale = [w for w in self._watched if w.hit and w.carries_last_step()]
         if not stale:
             return
@@ -99,6 +117,8 @@ class StaleGradients:
             self.first = (self._step, stale[0].name)
 
     def step_done(self) -> None:
+        if not self._on:
+            return
         for watched in self._watched:
             watched.remember()
             watched.hit = False
@@ -130,10 +150,17 @@ class StaleGradients:
         self.stale_steps = int(state["stale_steps"])
 
     def _hook(self, named: list[tuple[str, nn.Parameter]]) -> None:
-        self._hooks.remove()
         picks = sorted({0, len(named) // 2, len(named) - 1}) if named else []
         self._watched = [_Watched(*named[i]) for i in picks[:WATCHED]]
+        self._register()
+
+    def _register(self) -> None:
+        """Hook each watched parameter (again), with nothing remembered."""
+        self._hooks.remove()
+        if not self._on:
+            return
         for watched in self._watched:
+            watched.left, watched.hit = None, False
             self._hooks.param(watched.param, self._arrived(watched))
 
     @staticmethod

@@ -3,17 +3,20 @@
 Three checks put work on the device at a step — ``repeated_batch`` fingerprints the input,
 ``unshuffled_data`` copies the labels, ``graph_kept_alive`` tags the output's graph — and inside a step
 each such op costs several times its time alone (the step's tensors push the interpreter out of the
-caches). The mistakes they catch are in the program from its first step (``next(iter(loader))`` in the
-loop, a dataset sorted by label, ``total += loss``), or begin where the loop changes course: after a
-validation pass, at a resume, in a second fit. So :class:`Looks` watches every step of the first
+caches). Two more run host code that costs as much there: ``stale_gradients`` hooks a few parameters
+(a call from autograd into Python at every backward), ``train_in_eval_mode`` reads every mode-dependent
+module's flag at each forward. The mistakes they catch are in the program from its first step
+(``next(iter(loader))`` in the loop, a dataset sorted by label, ``total += loss``, no ``zero_grad``), or
+begin where the loop changes course: after a validation pass, when the model's mode changes
+(``model.eval()``), at a resume, in a second fit. So :class:`Looks` watches every step of the first
 :data:`DENSE`, then :data:`WINDOW` consecutive steps every :data:`PERIOD`, and the :data:`WINDOW` steps
-after each of those changes of course (a batch that does not train, an attach, a resume). A mistake there
-from the start is named as promptly as before; one that begins late, on one of the unwatched steps, is
-named at the next look, at most :data:`PERIOD` steps later (``graph_kept_alive`` needs a few looks: its
-count of live graphs must pass :data:`~.graphs.KEPT`).
+after each of those changes of course (a batch that does not train, a change of the model's mode, an
+attach, a resume). A mistake there from the start is named as promptly as before; one that begins late,
+on one of the unwatched steps, is named at the next look, at most :data:`PERIOD` steps later
+(``graph_kept_alive`` needs a few looks: its count of live graphs must pass :data:`~.graphs.KEPT`).
 
-The host checks (``stale_gradients``, the modes, the learning rate) read host flags and numbers only and
-look at every step.
+Evaluation forwards (no autograd, or the model in eval mode) are always read: ``eval_in_train_mode`` and
+the graphs of an evaluation with autograd need no look. The learning rate is read at every step.
 """
 
 from __future__ import annotations

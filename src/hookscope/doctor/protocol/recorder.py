@@ -13,10 +13,11 @@ a few parameters (stale gradients). :meth:`~ProtocolRecorder.findings` reads wha
 device in one transfer (:meth:`~ProtocolRecorder.flush`), runs the checks on host numbers and returns
 the findings not returned before.
 
-Per step it costs host work (flags, weak references, learning rates); on the steps :class:`~.looks.Looks`
-watches (every step of the first 32, then 4 in every 32, and after a validation pass), also two small
-device ops (the input's fingerprint, a copy of the batch's labels) and a tag in the output's graph. Never
-a host read.
+Per step it costs a little host work (the step, the learning rates, the root's mode); on the steps
+:class:`~.looks.Looks` watches (every step of the first 32, then 4 in every 32, after a validation pass
+and after the model's mode changed), also the parameters' hooks and the modules' flags, two small device
+ops (the input's fingerprint, a copy of the batch's labels) and a tag in the output's graph. Never a host
+read.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class ProtocolRecorder:
         self.looks = Looks()  # the steps the device checks (fingerprint, labels, graph tags) look at
         self.plan_run(total_steps, batches_per_epoch, schedulers)
         self._hooks = HookSet()
+        self._root_training = True  # the model's mode at its last forward
         self._reported: set[str] = set()
         self._rings: list[RepeatedBatch | LabelMix] = []  # the checks whose rows pending() handed out
 
@@ -80,6 +82,7 @@ class ProtocolRecorder:
     def attach(self, model: nn.Module) -> None:
         self._hooks.remove()
         self.looks.restart()
+        self._root_training = model.training
         self.stale.attach(model)
         self.modes.attach(model)
         self._hooks.forward_pre(model, self._before_forward, with_kwargs=True)
@@ -93,6 +96,8 @@ class ProtocolRecorder:
         """A batch starts. ``recorded`` (the engine's cadence) does not matter here: the protocol keeps its
         own looks (:mod:`~.looks`); it is taken so the engine can drive every recorder alike."""
         self.looks.begin_batch(step, training)
+        if training:
+            self.stale.watch(self.looks.watching)
         for check in (self.stale, self.modes, self.repeats, self.labels, self.graphs, self.lr):
             check.begin_batch(step, training)
 
@@ -208,8 +213,13 @@ class ProtocolRecorder:
     # ---- hooks ---------------------------------------------------------------------------------------
 
     def _before_forward(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.modes.forward(model)
-        if self.looks.watching and torch.is_grad_enabled():
+        if model.training != self._root_training:  # ``model.eval()`` or ``model.train()``: a change of course
+            self._root_training = model.training
+            self.looks.restart()
+        grad = torch.is_grad_enabled()
+        if self.looks.watching or not grad:  # an evaluation's forward is always read
+            self.modes.forward(model)
+        if self.looks.watching and grad:
             self.repeats.forward(first_tensor(args) if args else first_tensor(kwargs))
 
     def _after_forward(self, model: nn.Module, args: tuple, output: Any) -> None:
