@@ -309,10 +309,10 @@ class StepsRead(Callback):
             self.seen.append(self.learn.doctor.timing.steps_read)
 
 
-def test_the_times_are_read_at_the_doctors_checks_only():
+def test_the_times_are_read_at_the_doctors_checks_only_when_the_timing_rules_are_due():
     seen = StepsRead()
-    learner(in_memory(), seen).fit(2)  # 32 steps, a check every 10
-    assert seen.seen == [0] * 9 + [10] * 10 + [20] * 10 + [30] * 3
+    learner(in_memory(), seen).fit(4)  # 64 steps, a check every 10; the timing's rules every 50 steps
+    assert seen.seen == [0] * 9 + [10] * 50 + [60] * 5
 
 
 class SlowWhenEager(nn.Module):

@@ -346,10 +346,10 @@ class Engine:
         return new
 
     def read_pending(self) -> None:
-        """Every pending device statistic to the host: the recorders' and the engine's own."""
+        """Every pending device statistic to the host: the recorders' and the engine's own (the step
+        times wait for the timing's rules, every 50 steps: :meth:`TimingRecorder.findings`)."""
         self.activations.flush()
         self.gradients.flush()
-        self.timing.flush()
         self._read_own()
         self._follow_thinnings()
 

@@ -71,6 +71,11 @@ class CudaClock:
             self._pending[0][3][-1][1].synchronize()  # bounded: wait for the oldest rather than pile up
             self._ready.append(self._read_one())
 
+    @property
+    def waiting(self) -> int:
+        """Steps closed and not taken yet (finished on the device or not)."""
+        return len(self._ready) + len(self._pending)
+
     def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:
         """The rows of the closed steps the device has finished, oldest first; ``wait``: all of them
         (one synchronisation, at the end of a run or for a checkpoint)."""

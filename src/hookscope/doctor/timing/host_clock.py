@@ -42,6 +42,11 @@ class HostClock:
         callbacks_to_other(row, callback_seconds)
         self._done.append((step, row))
 
+    @property
+    def waiting(self) -> int:
+        """Steps closed and not taken yet."""
+        return len(self._done)
+
     def take(self, wait: bool = False) -> list[tuple[int, np.ndarray]]:
         """The rows of the steps closed since the last take, oldest first (``wait``: nothing to wait
         for on the host)."""

@@ -9,15 +9,15 @@ It is fed like the engine's other recorders — :meth:`~TimingRecorder.attach`,
 :meth:`~TimingRecorder.end_valid`, :meth:`~TimingRecorder.close` or :meth:`~TimingRecorder.fail` — and
 registers a forward pre-hook and a forward hook on the model's root (where the forward starts and ends).
 Each feed call that changes the phase (see :mod:`~hookscope.doctor.timing.phases`) marks the time: a
-``time.perf_counter`` on the CPU (:mod:`~.host_clock`), a pooled CUDA event on a GPU
-(:mod:`~.cuda_clock`). :meth:`~TimingRecorder.flush` reads the finished steps into bounded histories
-(:mod:`~.history`) and judges each new step once for stalls; :meth:`~TimingRecorder.findings` runs the
-rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of the layers once the steps
-grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned
-before. Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU,
-less often once a read costs more than a quarter of a percent of the time between two: see
-:class:`~.memory.MemoryCadence`). The first ``warmup`` steps (compilation, allocator and loader warm-up)
-are kept in the run's history but judged by no rule.
+``time.perf_counter`` on the CPU (:mod:`~.host_clock`), a pooled CUDA event on a GPU (:mod:`~.cuda_clock`).
+:meth:`~TimingRecorder.flush` reads the finished steps into bounded histories (:mod:`~.history`) and judges
+each new step once for stalls; :meth:`~TimingRecorder.findings` reads them every :data:`RULES_EVERY` steps and
+runs the rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of the layers once the
+steps grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned before.
+Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU, less often once
+a read costs more than a quarter of a percent of the time between two: see :class:`~.memory.MemoryCadence`).
+The first ``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but
+judged by no rule.
 
 Per step it costs five to six clock reads (or event records) and a few Python calls; never a host sync.
 """
@@ -276,13 +276,15 @@ class TimingRecorder:
             self._slowest = {s: c for s, c in self._slowest.items() if s >= oldest}
 
     def findings(self, data_is_waiting: bool = True) -> list[Finding]:
-        """Read what is pending, run the rules and return the findings not returned before. The rules
-        run once :data:`RULES_EVERY` steps were read since their last run, and after :meth:`close`.
-        ``data_is_waiting=False``: the time between two steps holds other training (a GAN's other
-        player steps there), so ``input_bound`` cannot tell the loader's share and stays silent."""
-        self.flush()
-        if self._ruled_at is not None and self.steps_read - self._ruled_at < RULES_EVERY and not self._closed:
+        """Once :data:`RULES_EVERY` steps were closed since the rules last ran (and after :meth:`close`):
+        read what is pending, run the rules and return the findings not returned before; else nothing
+        (the steps wait: reading them costs a check more than the rules). ``data_is_waiting=False``: the
+        time between two steps holds other training (a GAN's other player steps there), so
+        ``input_bound`` cannot tell the loader's share and stays silent."""
+        closed = self.steps_read + self._clock.waiting
+        if self._ruled_at is not None and closed - self._ruled_at < RULES_EVERY and not self._closed:
             return []
+        self.flush()
         self._ruled_at = self.steps_read
         if not self._closed:  # the threads that compute the steps now (the intra-op pool may change)
             self._wait.choose()
