@@ -11,15 +11,24 @@ the wait of a step is the longest any of them waited: the training thread's and 
 Where the files are missing (another system, a kernel without scheduler statistics) the wait reads as 0.
 :attr:`CpuWait.parallel` says whether other threads computed alongside the training thread since the last
 choice: the wait is then each thread's own and tells the machine's part of a step less exactly.
+
+A read of ``schedstat`` costs tens of microseconds inside a step (the kernel formats the file; the step's
+tensors have pushed its code out of the caches), where the thread's CPU clock costs one. A thread waiting
+for a core is off it, so when the training thread computes alone and spent less than :data:`OFF_CPU` of
+the time since the last take off its core, its wait was shorter still: it reads as 0 and the file is not
+read. A step with more time off the core (a busy machine, a sleep, a lock, a slow loader) reads it, and
+its wait is at most that time (the waits of the unread steps before it were each below their share).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 BUSIEST = 4  # other threads read at every step at most: the intra-op pool that computes the step
 HELPER = 0.1  # of the training thread's CPU time: another thread that used this much computed with it
+OFF_CPU = 0.02  # of the time since the last take: a training thread off its core for less waited less
 _TASKS = "/proc/self/task"
 
 
@@ -33,6 +42,7 @@ class CpuWait:
         self._cpu_at_choice: dict[int, int] = {}  # thread id -> cpu ns at the last choice
         self._main: int | None = None
         self._missing = not os.path.isdir(_TASKS)
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()  # at the last take
         self.parallel = False  # other threads computed with the training thread since the last choice
 
     def choose(self) -> None:
@@ -59,14 +69,23 @@ class CpuWait:
             self._last[tid] = _read(self._files[tid])
 
     def take(self) -> float:
-        """The longest wait for a core of a followed thread since the last take, in seconds."""
+        """The longest wait for a core of a followed thread since the last take, in seconds (called by
+        the training thread: its CPU clock is read)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        elapsed, off = wall - self._wall, (wall - self._wall) - (cpu - self._cpu)
+        self._wall, self._cpu = wall, cpu
+        if not self.parallel and off < OFF_CPU * elapsed:
+            return 0.0  # see the module: no file read
         longest = 0
         for tid, fd in self._files.items():
             try:
                 now = _read(fd)
             except OSError:
                 continue  # the thread ended: the next choice drops it
-            longest = max(longest, now[1] - self._last[tid][1])
+            waited = now[1] - self._last[tid][1]
+            if tid == self._main:  # since an earlier take, maybe: this take's share is at most its time off
+                waited = min(waited, int(off * 1e9))
+            longest = max(longest, waited)
             self._last[tid] = now
         return longest / 1e9
 
