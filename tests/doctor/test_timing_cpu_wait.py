@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from hookscope.doctor.timing import cpu_wait
 from hookscope.doctor.timing.cpu_wait import CpuWait
 from hookscope.doctor.timing.phases import COLUMNS, DATA, WAIT
 from hookscope.doctor.timing.stalls import StallDetector
@@ -28,28 +27,47 @@ def busy(seconds):
         pass
 
 
+ALONE = """
+import time
+from hookscope.doctor.timing import cpu_wait
+
+reads = []
+read = cpu_wait._read
+cpu_wait._read = lambda fd: (reads.append(fd), read(fd))[1]
+
+
+def busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+wait = cpu_wait.CpuWait()
+wait.choose()
+busy(0.02)
+wait.choose()  # the threads that computed since the first choice: this one alone
+wait.take()
+reads.clear()
+waits = []
+for _ in range(10):  # a step that only computes: off its core for well under 2% of its time
+    busy(0.01)
+    waits.append(wait.take())
+computing = len(reads)
+time.sleep(0.05)  # off the core, but waiting for no core
+slept = wait.take()
+print(wait.parallel, computing, waits.count(0.0), len(reads) - computing, slept)
+"""
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux scheduler statistics")
-def test_a_thread_that_stayed_on_its_core_reads_no_file_and_one_that_left_it_does(monkeypatch):
-    reads = []
-    read = cpu_wait._read
-    monkeypatch.setattr(cpu_wait, "_read", lambda fd: (reads.append(fd), read(fd))[1])
-    wait = CpuWait()
-    wait.choose()  # every thread's CPU time so far counts here (earlier tests' intra-op pools)
-    busy(0.02)
-    wait.choose()  # since the first choice only this thread computed: it computes alone
-    assert not wait.parallel
-    wait.take()
-    reads.clear()
-    waits = []
-    for _ in range(10):  # a step that only computes: off its core for well under 2% of its time
-        busy(0.01)
-        waits.append(wait.take())
-    computing = len(reads)
-    time.sleep(0.05)  # off the core, but waiting for no core
-    slept = wait.take()
-    wait.close()
-    assert computing <= 5 and waits.count(0.0) >= 5  # read only where the machine took the core away
-    assert len(reads) == computing + 1 and slept < 0.5 * 0.05
+def test_a_thread_that_stayed_on_its_core_reads_no_file_and_one_that_left_it_does():
+    # a fresh process: the threads of earlier tests (writers, pools) would compute alongside this one
+    done = subprocess.run([sys.executable, "-c", ALONE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    parallel, computing, zeros, after_sleep, slept = done.stdout.split()
+    assert parallel == "False"
+    assert int(computing) <= 5 and int(zeros) >= 5  # read only where the machine took the core away
+    assert int(after_sleep) == 1 and float(slept) < 0.5 * 0.05
 
 
 @needs_schedstat
