@@ -97,13 +97,9 @@ class StaleGradients:
     def watch(self, on: bool) -> None:
         """Hook the watched parameters for the steps the protocol looks at (``on``), unhook them between
         looks; a look starts with nothing remembered."""
-        if on == self._on:
-            return
-        self._on = on
-        if on:
+        if on != self._on:
+            self._on = on
             self._register()
-        else:
-            self._hooks.remove()
 
     def gradients_ready(self) -> None:
         """The step is about to apply the gradients: do they still carry the previous step's?"""
@@ -155,7 +151,7 @@ class StaleGradients:
         self._register()
 
     def _register(self) -> None:
-        """Hook each watched parameter (again), with nothing remembered."""
+        """Hook each watched parameter (again), with nothing remembered; only unhook them between looks."""
         self._hooks.remove()
         if not self._on:
             return

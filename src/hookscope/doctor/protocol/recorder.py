@@ -61,7 +61,7 @@ class ProtocolRecorder:
         self.labels = LabelMix()
         self.graphs = GraphsKeptAlive()
         self.lr = LearningRateSchedule()
-        self.looks = Looks()  # the steps the device checks (fingerprint, labels, graph tags) look at
+        self.looks = Looks()  # the steps the costly checks (device ops, parameter hooks, modes) look at
         self.plan_run(total_steps, batches_per_epoch, schedulers)
         self._hooks = HookSet()
         self._root_training = True  # the model's mode at its last forward
