@@ -60,6 +60,22 @@ def test_foreach_copy_and_sub_work_in_place():
     assert dst[0].tolist() == [0.0, 1.0] and dst[1].tolist() == [2.0, 3.0, 4.0]
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # torch's note on building a sparse tensor
+def test_flag_non_finite_sets_the_flag_for_a_nan_or_inf_and_leaves_the_values_and_their_versions():
+    one = torch.ones(())
+    tensors = [torch.tensor([1.0, -2.0]), torch.tensor([3.0], dtype=torch.float16)]
+    versions = [compat.tensor_version(t) for t in tensors]
+    found = torch.zeros(())
+    assert compat.flag_non_finite_(tensors, found, one) and found.item() == 0.0
+    assert tensors[0].tolist() == [1.0, -2.0] and tensors[1].tolist() == [3.0]
+    assert [compat.tensor_version(t) for t in tensors] == versions
+    tensors[1][0] = float("inf")
+    assert compat.flag_non_finite_(tensors, found, one) and found.item() == 1.0
+    sparse = torch.sparse_coo_tensor([[0]], [float("nan")], (2,))
+    found.zero_()
+    assert not compat.flag_non_finite_([sparse], found, one) and found.item() == 0.0
+
+
 def test_hook_dict_of_follows_registration_and_owner_lifetime():
     module = nn.Linear(2, 2)
     handle = module.register_forward_hook(lambda *args: None)

@@ -31,6 +31,7 @@ __all__ = [
     "TorchDispatchMode",
     "compile_in_use",
     "compile_records",
+    "flag_non_finite_",
     "foreach_copy_",
     "foreach_norm",
     "foreach_sub_",
@@ -84,6 +85,23 @@ def foreach_sub_(tensors: Sequence[torch.Tensor], other: Sequence[torch.Tensor])
     Checked on 2.14.1; one of the first foreach ops (torch 1.7).
     """
     torch._foreach_sub_(list(tensors), list(other))
+
+
+def flag_non_finite_(tensors: Sequence[torch.Tensor], found: torch.Tensor, one: torch.Tensor) -> bool:
+    """``torch._amp_foreach_non_finite_check_and_unscale_`` with an inverse scale of 1: sets the float32
+    0-d ``found`` to 1.0 when a value of ``tensors`` is NaN or infinite, in one fused kernel whatever
+    their number and dtypes, with no host sync (what ``GradScaler`` uses). ``one`` is a float32 1 on
+    their device. The values are written back unchanged (the kernel returns them as they are when the
+    scale is 1) and their version counters stay as they were. False, with nothing done, where no kernel
+    takes these tensors (sparse ones, tensors on several devices, a backend without it).
+
+    Checked on 2.14.1, on the CPU and on CUDA.
+    """
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(list(tensors), found, one)
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------------- hooks

@@ -56,6 +56,44 @@ def test_the_guard_takes_large_finite_losses_and_outputs_as_finite_and_keeps_an_
     check.detach()
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # torch's note on building a sparse tensor
+def test_the_guard_checks_every_gradient_in_any_dtype_and_layout_and_leaves_the_values_as_they_were():
+    grads = [
+        torch.tensor([-0.0, 1e-45, 3e38]),  # a negative zero, a float32 denormal, a large finite value
+        torch.tensor([1.5, -2.0], dtype=torch.float64),
+        torch.randn(2, 2, 3, 3).to(memory_format=torch.channels_last),
+        torch.tensor([0.5, 70000.0], dtype=torch.bfloat16),
+        torch.randn(4, 3)[::2],  # a view that is not contiguous
+    ]
+    params = [nn.Parameter(torch.zeros(g.shape, dtype=g.dtype)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g  # as they are: the strides too
+    assert not params[2].grad.is_contiguous() and not params[4].grad.is_contiguous()
+    before = [g.clone() for g in grads]
+    check = NonFiniteCheck(False, training=module_in_training)
+    check.loss(torch.tensor(2.0))
+    assert check.decide(params, CPU) is None
+    for p, g in zip(params, before, strict=True):  # bit for bit: the sign of zero, the denormal
+        assert torch.equal(p.grad.reshape(-1).view(torch.uint8), g.reshape(-1).view(torch.uint8))
+    for p in params:
+        first = (0,) * p.grad.dim()
+        kept = p.grad[first].item()
+        for bad in (math.nan, math.inf, -math.inf):
+            p.grad[first] = bad
+            check.loss(torch.tensor(2.0))
+            assert check.decide(params, CPU) == "gradient", (p.grad.dtype, bad)
+        p.grad[first] = kept
+    sparse = nn.Parameter(torch.zeros(5, 3))  # an nn.Embedding(sparse=True)'s gradient: not strided
+    sparse.grad = torch.sparse_coo_tensor([[1, 3]], torch.ones(2, 3), (5, 3))
+    check.loss(torch.tensor(2.0))
+    assert check.decide([*params, sparse], CPU) is None
+    sparse.grad = torch.sparse_coo_tensor([[1, 3]], torch.tensor([[1.0, math.nan, 0.0], [0.0] * 3]), (5, 3))
+    check.loss(torch.tensor(2.0))
+    assert check.decide([*params, sparse], CPU) == "gradient"
+    check.loss(torch.tensor(math.inf))
+    assert check.decide(params, CPU) == "loss"
+
+
 class Draws(nn.Module):
     """Adds fresh noise to its input and keeps it, with the autocast dtype it ran under."""
 

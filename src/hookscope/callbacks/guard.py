@@ -5,10 +5,11 @@ callback feeds it the Learner's events and does what a Learner can do with a "no
 
 Trade-off (read this before changing it): the guard must never let a non-finite update reach the weights,
 and it must not stall the device once per layer. So the checks are cheap device-side reductions (one
-min/max per watched module output, the loss, one fused norm over all of them and the gradients) that stay
-on the device, and ONE number is read on the host per training step, just before ``opt.step()``. That
-read is the price of stopping a bad update without keeping a second copy of the weights and of the
-optimizer state (reading less often would mean rolling both back, and losing the good steps in between).
+min/max per watched module output, the loss, folded into one flag that one fused check of every gradient
+sets) that stay on the device, and ONE number is read on the host per training step, just before
+``opt.step()``. That read is the price of stopping a bad update without keeping a second copy of the
+weights and of the optimizer state (reading less often would mean rolling both back, and losing the good
+steps in between).
 On CPU the read is free; on a GPU it costs the run-ahead of one step, and only while the guard is attached.
 
 When a check fails the step is skipped, the buffers (BatchNorm running statistics) and the RNG are put

@@ -2,10 +2,11 @@
 
 Nothing is checked on the host between two steps: each loss and the extremes (min and max) of each watched
 module output are kept on the device as 0-d tensors, each finite exactly when what it stands for is.
-:meth:`NonFiniteCheck.decide` stacks them into one tensor (from three on), takes one fused norm of it
-and of every gradient, stacks the norms and reads them to the host in ONE transfer, just before the
-optimizer step: a few small ops and a read per step, whatever the number of layers. Only when one is
-not finite does it look at which kind failed.
+:meth:`NonFiniteCheck.decide` folds them into one flag on the device (their product by 0: 0 when they
+are finite, NaN when one is not), lets one fused kernel set it when a gradient is not finite (the one
+``GradScaler`` uses to unscale, at a scale of 1) and reads it to the host in ONE transfer, just before
+the optimizer step: two or three small ops and a read per step, whatever the number of layers. Only
+when it is not 0 does it look at which kind failed.
 
 When it is not, :class:`BatchJournal` names the culprit: it noted each batch since the last good step
 with what a replay needs (inputs, torch's RNG state, the autocast dtype), replays them with
@@ -63,6 +64,7 @@ class NonFiniteCheck:
         self.extremes: list[torch.Tensor] = []
         self.losses: list[torch.Tensor] = []
         self._hooks = HookSet()
+        self._one: torch.Tensor | None = None  # the fused check's scale, on the gradients' device
 
     def attach(self, model: nn.Module) -> None:
         """Hook the selected modules; values of an earlier run are dropped."""
@@ -89,10 +91,14 @@ class NonFiniteCheck:
         The one host read of the guard.
         """
         grads = local_parts([p.grad for p in params if p.grad is not None])  # sharded: this rank's shard
-        if _all_finite([*_scalars_as_one(self.extremes + self.losses), *grads], device):
+        if several_ranks():
+            finite = _all_finite_on_every_rank(self.extremes + self.losses, grads, device)
+        else:
+            finite = self._all_finite(self.extremes + self.losses, grads, device)
+        if finite:
             self.clear()
             return None
-        norms = compat.foreach_norm(grads) if grads else []
+        norms = _largest(grads) if grads else []
         oks = torch.stack([_finite(kind, device) for kind in (self.extremes, self.losses, norms)])
         failed = ~_on_every_rank(oks)
         return CHECKS[int(failed.nonzero()[0])]
@@ -111,6 +117,24 @@ class NonFiniteCheck:
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self.extremes = [_stand_in(flag.to(device)) for flag in state["activation_ok"]]
         self.losses = [_stand_in(flag.to(device)) for flag in state["loss_ok"]]
+
+    def _all_finite(
+        self, values: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device
+    ) -> bool:
+        """Whether the 0-d ``values`` and every value of ``grads`` are finite, in one read: a flag that is
+        0 when the values are finite and NaN when one is not, set to 1 by the fused check when a
+        gradient is not finite (inside a training step each small op costs 20-80 us on a CPU, so they
+        are few). A layout the fused check does not take (sparse gradients) gets :func:`_largest`."""
+        flag = _zero_if_finite(values, grads[0].device if grads else device)
+        if grads and not compat.flag_non_finite_(grads, flag, self._unit(flag.device)):
+            return flag.item() == 0 and all(map(math.isfinite, torch.stack(_largest(grads)).tolist()))
+        return flag.item() == 0
+
+    def _unit(self, device: torch.device) -> torch.Tensor:
+        """A float32 1 on ``device``, made once (a new tensor every step would be one more op)."""
+        if self._one is None or self._one.device != device:
+            self._one = torch.ones((), device=device)
+        return self._one
 
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.training(module):
@@ -211,26 +235,34 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
     return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
 
-def _all_finite(tensors: list[torch.Tensor], device: torch.device) -> bool:
-    """Whether every value of every tensor is finite, on every rank: their norms (one fused norm, a stack
-    and one read; inside a training step each small op costs 20-80 us on a CPU, so they are few), any NaN
-    or Inf making its norm non-finite. Under torchrun the float64 sums of the norms of all ranks, which no
-    finite float32 norms overflow, are added on the device before the one read."""
-    norms = torch.stack(compat.foreach_norm(tensors)) if tensors else None
-    if several_ranks():
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        total = norms.sum(dtype=torch.float64) if norms is not None else zero
-        torch.distributed.all_reduce(total)
-        return math.isfinite(total.item())
-    return norms is None or all(map(math.isfinite, norms.tolist()))
+def _zero_if_finite(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A new float32 0-d tensor on ``device``: 0 when every 0-d value is finite, NaN when one is not. Each
+    value times 0 is NaN exactly when it is NaN or infinite; the product comes before the sum and the
+    cast, so no large finite value can overflow them. One op for the Doctor's guard (its one loss)."""
+    if not values:
+        return torch.zeros((), device=device)
+    if len(values) == 1:
+        return values[0].mul(0).float().to(device)
+    return torch.stack(values).mul(0).sum(dtype=torch.float32).to(device)
 
 
-def _scalars_as_one(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The 0-d ``values`` as one tensor that is finite exactly when they all are: a norm per 0-d value
-    costs as much as one per gradient (2-3 us each on a CPU), and a guard watching outputs keeps two per
-    output. The stack and its product by 0 (a norm of several large finite values can overflow to inf)
-    are two ops: they pay from three values on, so fewer (the Doctor's guard: the loss) stay as they are."""
-    return [torch.stack(values).mul_(0)] if len(values) > 2 else values
+def _all_finite_on_every_rank(
+    values: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device
+) -> bool:
+    """Whether the 0-d ``values`` and every value of ``grads`` are finite on every rank: this rank's flag
+    (:func:`_zero_if_finite`) plus the float64 sum of the gradients' largest magnitudes (:func:`_largest`;
+    no finite float32 values overflow it), added over the ranks on the device before the one read."""
+    total = _zero_if_finite(values, device).double()
+    if grads:
+        total = total + torch.stack(_largest(grads)).sum(dtype=torch.float64)
+    torch.distributed.all_reduce(total)
+    return math.isfinite(total.item())
+
+
+def _largest(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The largest magnitude of each tensor, in one fused kernel, sparse ones included: NaN or inf exactly
+    when a value is (a 2-norm's squares would overflow to inf from values of about 1e19)."""
+    return compat.foreach_norm(tensors, ord=math.inf)
 
 
 def _finite(values: list[torch.Tensor], device: torch.device | None) -> torch.Tensor:
