@@ -325,6 +325,17 @@ def test_to_host_returns_arrays_shaped_like_the_inputs():
     assert host_b.shape == () and host_b == 7
 
 
+def test_to_host_copies_float64_arrays_of_every_dtype_that_later_writes_leave_alone():
+    ring = torch.arange(6, dtype=torch.float64).reshape(2, 3)  # a buffer written again after the read
+    tensors = [ring, torch.tensor([1.5, -2.0], dtype=torch.bfloat16), torch.tensor([True, False])]
+    tensors.append(torch.ones(2, requires_grad=True) * 3)
+    host = to_host(tensors)
+    ring.add_(10)
+    assert all(a.dtype == np.float64 for a in host)
+    assert host[0].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert [a.tolist() for a in host[1:]] == [[1.5, -2.0], [1.0, 0.0], [3.0, 3.0]]
+
+
 def test_update_ratio_is_update_norm_over_weight_norm():
     layer = nn.Linear(4, 4)
     opt = torch.optim.SGD(layer.parameters(), lr=0.1)
