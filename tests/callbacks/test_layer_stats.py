@@ -6,6 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hookscope as hs
 from hookscope.callbacks.layer_stats import ActivationStats, GradientStats, ParamRecord, StepStats
+from hookscope.hooks import stats
 from hookscope.hooks.select import leaves
 from hookscope.train.events import CancelStepException
 
@@ -109,16 +110,16 @@ def test_pending_records_of_all_layers_and_steps_are_read_in_one_transfer(monkey
     learn = learner(small_cnn(), acts, Raise(at_step=5))
     with pytest.raises(ValueError, match="boom"):
         learn.fit(1)
-    transfers = []
-    original = torch.Tensor.cpu
+    transfers = []  # to_host: one copy to the host per device (on the CPU, numpy's copy of each tensor)
+    original = stats.to_host
 
-    def counting_cpu(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        transfers.append(tuple(self.shape))
-        return original(self, *args, **kwargs)
+    def counting(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+        transfers.append(len(tensors))
+        return original(tensors)
 
-    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    monkeypatch.setattr(stats, "to_host", counting)
     history = acts.history
-    assert len(transfers) == 1
+    assert len(transfers) == 1  # every layer's rows of every step, at once
     assert {name: [r.step for r in records] for name, records in history.items()} == {
         name: [0, 1, 2, 3, 4] for name in ("0", "1", "4")
     }
