@@ -64,7 +64,8 @@ class Doctor(Callback):
     model: stale gradients, training in eval mode (or evaluating in train mode), the same batch every
     step, unshuffled data, graphs kept alive and a collapsing learning-rate schedule; and where the time
     goes: steps waiting for data, stalls (naming the callback, checkpoint save or collector that ran in
-    them) and memory that grows (``timing`` holds the breakdown, see docs/performance.md).
+    them), memory that grows and, on the CPU, steps that fault in the memory the allocator gave back
+    (``timing`` holds the breakdown, see docs/performance.md).
 
     ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
     statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's

@@ -12,14 +12,17 @@ Each feed call that changes the phase (see :mod:`~hookscope.doctor.timing.phases
 ``time.perf_counter`` on the CPU (:mod:`~.host_clock`), a pooled CUDA event on a GPU (:mod:`~.cuda_clock`).
 :meth:`~TimingRecorder.flush` reads the finished steps into bounded histories (:mod:`~.history`) and judges
 each new step once for stalls; :meth:`~TimingRecorder.findings` reads them every :data:`RULES_EVERY` steps and
-runs the rules — ``input_bound``, ``step_stalls``, ``memory_growth``, and a profile of the layers once the
-steps grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not returned before.
+runs the rules — ``input_bound``, ``step_stalls``, ``memory_growth``, ``page_faults`` (on the CPU, from
+the process's counters read at the end of each step: :mod:`~.page_faults`), and a profile of the layers
+once the steps grew slower for no other reason (:mod:`~.slowdown`) — and returns the findings not
+returned before.
 Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU, less often once
 a read costs more than a quarter of a percent of the time between two: see :class:`~.memory.MemoryCadence`).
 The first ``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but
 judged by no rule.
 
-Per step it costs five to six clock reads (or event records) and a few Python calls; never a host sync.
+Per step it costs five to six clock reads (or event records), a ``getrusage`` on the CPU and a few Python
+calls; never a host sync.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.memory import MemoryCadence, MemoryProbe
 from hookscope.doctor.timing.memory_growth import memory_growth
+from hookscope.doctor.timing.page_faults import KERNEL, KernelCounters, page_faults
 from hookscope.doctor.timing.phases import (
     BACKWARD,
     COLUMNS,
@@ -94,11 +98,14 @@ class TimingRecorder:
         self.recent = Ring(RECENT, len(COLUMNS))
         self.history = Blocks(HISTORY, len(COLUMNS))
         self.memory_recent = Ring(MEMORY_RECENT, 1)
+        self.kernel = Ring(RECENT, 2)  # per step on the CPU: the process's kernel seconds and page faults
         self.memory_history = Blocks(HISTORY, 1)
         self.stalls = StallDetector()
         self.callback_time = CallbackTime()
         self.memory: MemoryProbe | None = None
         self._memory_read: list[tuple[int, int]] = []  # (step, bytes) read since the last flush
+        self._counters: KernelCounters | None = None  # on the CPU, where the system counts them
+        self._counted: list[tuple[int, float, int]] = []  # (step, kernel seconds, faults) since the flush
         self.steps_read = 0  # steps whose times reached the host
         self._ruled_at: int | None = None  # steps_read when the rules last ran
         self._closed = False
@@ -136,6 +143,8 @@ class TimingRecorder:
         self.memory_cadence = MemoryCadence(every, self.memory_every_asked is None, self.warmup)
         self._hooks.forward_pre(model, self._forward_starts)
         self._hooks.forward(model, self._forward_ends)
+        cpu = self.device.type == "cpu" and KernelCounters.available()
+        self._counters = KernelCounters() if cpu else None
         self._gc.start()
         self._gc.take()
         self._wait.choose()
@@ -204,6 +213,8 @@ class TimingRecorder:
         if self.slow_layers.start is not None:
             self.slow_layers.end_batch()
         self._clock.close(self._step, self._gc.take(), self._wait.take(), self._callbacks_in_data)
+        if self._counters is not None:
+            self._counted.append((self._step, *self._counters.take()))
         self._callbacks_in_data = 0.0
         if self._open_notes:
             self._notes[self._step], self._open_notes = self._open_notes, ()
@@ -221,6 +232,8 @@ class TimingRecorder:
 
     def end_valid(self, step: int) -> None:
         self._switch(DATA)
+        if self._counters is not None:  # the validation's faults belong to no step
+            self._counters.restart()
         self.callback_time.take()  # validation's callbacks belong to no step
 
     def leave_out(self) -> None:
@@ -258,6 +271,10 @@ class TimingRecorder:
         memory, self._memory_read = self._memory_read, []
         for step, used in memory:
             self._take_memory(step, used)
+        counted, self._counted = self._counted, []
+        for step, *row in counted:
+            if step >= self.warmup:
+                self.kernel.add(step, row)
         rows = self._clock.take(wait)
         new = 0
         for step, row in rows:
@@ -289,7 +306,9 @@ class TimingRecorder:
         if not self._closed:  # the threads that compute the steps now (the intra-op pool may change)
             self._wait.choose()
         steps, rows = self.recent.view()
-        growth = self.slowdown.check(steps, rows, self._wait.parallel)
+        counters = self._counters_of(steps)
+        kernel = counters[:, KERNEL] if counters is not None else None
+        growth = self.slowdown.check(steps, rows, self._wait.parallel, kernel)
         if growth is not None and self.slow_layers.start is None and not self._closed:
             self.slow_layers.request(self._step + 1, STEPS, growth)
         found = [
@@ -300,6 +319,7 @@ class TimingRecorder:
             else None,
             step_stalls(list(self.stalls.stalls), steps, rows, self.epoch_length),
             self._memory_finding(),
+            self._page_faults_finding(steps[-BASELINE:], rows[-BASELINE:], counters),
             self.recompiles.finding(self.warmup),
             self.host_syncs.finding(),
             self.slow_layers.finding(),
@@ -376,6 +396,7 @@ class TimingRecorder:
             "history": self.history.state_dict(),
             "memory_recent": self.memory_recent.state_dict(),
             "memory_history": self.memory_history.state_dict(),
+            "kernel": self.kernel.state_dict(),
             "stalls": self.stalls.state_dict(),
             "recompiles": self.recompiles.state_dict(),
             "slowdown": self.slowdown.state_dict(),
@@ -388,7 +409,9 @@ class TimingRecorder:
         self.history.load_state_dict(state["history"])
         self.memory_recent.load_state_dict(state["memory_recent"])
         self.memory_history.load_state_dict(state["memory_history"])
-        self._memory_read = []
+        self._memory_read, self._counted = [], []
+        if "kernel" in state:  # older checkpoints have none
+            self.kernel.load_state_dict(state["kernel"])
         self.stalls.load_state_dict(state["stalls"])
         self.recompiles.load_state_dict(state["recompiles"])
         self.slowdown.load_state_dict(state.get("slowdown", {}))  # older checkpoints have none
@@ -412,6 +435,8 @@ class TimingRecorder:
         self._clock.restart()
         self._gc.take()
         self._wait.take()
+        if self._counters is not None:
+            self._counters.restart()
         self.callback_time.count_from_now()
         self._callbacks_in_data = 0.0
 
@@ -435,6 +460,24 @@ class TimingRecorder:
         self.memory_history.add(step, row)
         if step >= self.warmup:
             self.memory_recent.add(step, row)
+
+    def _counters_of(self, steps: np.ndarray) -> np.ndarray | None:
+        """The kernel counters of the recent ``steps`` (rows of :data:`~.page_faults.KERNEL` seconds and
+        faults); None where they were not counted (a GPU, Windows) for all of them."""
+        counted, rows = self.kernel.view()
+        n = len(steps)
+        if n == 0 or len(counted) < n or not np.array_equal(counted[-n:], steps):
+            return None
+        return rows[-n:]
+
+    def _page_faults_finding(
+        self, steps: np.ndarray, rows: np.ndarray, counters: np.ndarray | None
+    ) -> Finding | None:
+        if counters is None:
+            return None
+        counters = counters[-len(steps) :]
+        memory_steps, memory = self.memory_recent.view()
+        return page_faults(steps, rows, counters, memory_steps, memory[:, 0])
 
     def _memory_finding(self) -> Finding | None:
         if self.memory is None:

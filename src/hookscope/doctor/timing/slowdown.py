@@ -5,12 +5,14 @@ threads waited for a core — of the first :data:`REFERENCE` steps after the war
 reference. At each run of the rules it compares the median of the last :data:`LATEST` steps: once that
 is :data:`FACTOR` times the reference or more, and at least :data:`MIN_GROWTH` longer, the steps are
 slower than the run's own start, and neither the loader (``data`` is not compute), a stall (one step
-does not move a median) nor a busy machine (its wait is taken out; while an intra-op pool computes, whose
+does not move a median), a busy machine (its wait is taken out; while an intra-op pool computes, whose
 threads' waits tell the machine's part less exactly, nothing is judged while the latest steps wait for
-a core :data:`~.stalls.BUSY` of their time or more) is the reason. The recorder then
-profiles a short window once (:mod:`~.slow_layers`), whose finding says what grew and names the modules
-that take the time now: a cache or a history that a layer attends over and that grows every step, a
-graph walked through ever more steps, a sequence length that grows.
+a core :data:`~.stalls.BUSY` of their time or more) nor the allocator (on the CPU, the kernel's time
+beyond the data phase is taken out: a process whose malloc starts giving memory back to the system
+faults every step from then on, in every layer alike, see :mod:`~.page_faults`) is the reason. The
+recorder then profiles a short window once (:mod:`~.slow_layers`), whose finding says what grew and
+names the modules that take the time now: a cache or a history that a layer attends over and that grows
+every step, a graph walked through ever more steps, a sequence length that grows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hookscope.doctor.timing.phases import FORWARD, OPTIMIZER, WAIT
+from hookscope.doctor.timing.phases import DATA, FORWARD, OPTIMIZER, WAIT
 from hookscope.doctor.timing.stalls import machine_busy
 
 REFERENCE = 32  # steps after the warm-up: the run's own reference
@@ -55,12 +57,18 @@ class Slowdown:
         self.reference: tuple[int, int, float] | None = None  # first step, last step, median seconds
         self.growth: Growth | None = None
 
-    def check(self, steps: np.ndarray, rows: np.ndarray, parallel: bool = False) -> Growth | None:
+    def check(
+        self, steps: np.ndarray, rows: np.ndarray, parallel: bool = False, kernel: np.ndarray | None = None
+    ) -> Growth | None:
         """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it first;
-        ``parallel``: other threads compute with the training thread."""
+        ``parallel``: other threads compute with the training thread; ``kernel``: the process's kernel
+        seconds in each step, where they were counted."""
         if self.growth is not None or len(steps) < REFERENCE:
             return None
-        compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
+        compute = rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT]
+        if kernel is not None:  # what the loader's reads cannot explain: page faults in the compute
+            compute -= np.maximum(kernel - rows[:, DATA], 0.0)
+        compute = np.maximum(compute, 0.0)
         if self.reference is None:
             self.reference = (int(steps[0]), int(steps[REFERENCE - 1]), float(np.median(compute[:REFERENCE])))
         first, last, before = self.reference
