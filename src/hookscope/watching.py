@@ -22,10 +22,10 @@ The mistakes of the loop around the model (a missing ``zero_grad``, training in 
 batch every step, graphs kept alive, a collapsing learning rate) are checked from the same hooks; the
 label mix of ``unshuffled_data`` needs the targets, given with ``w.log(loss, target=y)``. A loop that
 knows its length or its schedulers says so with :meth:`Watch.plan_run`. Where the time goes
-(``input_bound``, ``step_stalls``, ``memory_growth``) is timed from the same hooks; ``loader=`` (or
-:meth:`Watch.watch_loader`) hands over the training DataLoader, whose settings ``input_bound`` then names
-(a Watch cannot see the loader the loop iterates), and :meth:`Watch.note` names a slow part of the loop
-(``w.note("checkpoint save")`` before ``torch.save``).
+(``input_bound``, ``step_stalls``, ``memory_growth``, ``page_faults``) is timed from the same hooks;
+``loader=`` (or :meth:`Watch.watch_loader`) hands over the training DataLoader, whose settings
+``input_bound`` then names (a Watch cannot see the loader the loop iterates), and :meth:`Watch.note` names
+a slow part of the loop (``w.note("checkpoint save")`` before ``torch.save``).
 
 Only training forwards are recorded: a module in train mode with autograd on. Validation (``model.eval()``
 or ``torch.no_grad()``) is ignored; the Learner's Doctor diagnoses validation phases, a loop without

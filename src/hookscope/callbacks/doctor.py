@@ -15,10 +15,11 @@ at ``before_batch``), and whether the training loader shuffles (at the first ``b
 transfers and applies the rules of :mod:`hookscope.doctor.rules`. New findings are printed once,
 deduplicated by (kind, module), and kept in ``learn.doctor.findings``.
 
-Where the time goes (``input_bound``, ``step_stalls``, ``memory_growth``): the engine times every training
-step; the Doctor hands it the training loader (its settings are named in the advice) and, through
-:meth:`Doctor.wrap_method` (the dispatch table's general mechanism), times every other callback's events,
-so a stall names the callback that ran in it. ``Checkpoint`` says when it saves (:meth:`Doctor.note`).
+Where the time goes (``input_bound``, ``step_stalls``, ``memory_growth``, ``page_faults``): the engine
+times every training step; the Doctor hands it the training loader (its settings are named in the
+advice) and, through :meth:`Doctor.wrap_method` (the dispatch table's general mechanism), times every
+other callback's events, so a stall names the callback that ran in it. ``Checkpoint`` says when it saves
+(:meth:`Doctor.note`).
 
 ``Doctor(guard=True)`` adds a :class:`NonFiniteGuard` beside it as a companion (see
 :attr:`hookscope.train.callback.Callback.companions`): a callback of its own, placed by its own order.

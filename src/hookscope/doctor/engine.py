@@ -12,7 +12,7 @@ The engine owns five recorders — activations and gradients (:mod:`hookscope.do
 saturation (:mod:`hookscope.doctor.saturation`) and, when it diagnoses, the loop's protocol
 (:mod:`hookscope.doctor.protocol`: zero_grad, modes, batches, graphs, the learning-rate schedule; fed
 :meth:`~Engine.log_target` and :meth:`~Engine.plan_run` too) and where the time and memory go
-(:mod:`hookscope.doctor.timing`: ``input_bound``, ``step_stalls``, ``memory_growth``; fed
+(:mod:`hookscope.doctor.timing`: ``input_bound``, ``step_stalls``, ``memory_growth``, ``page_faults``; fed
 :meth:`~Engine.watch_loader` and :meth:`~Engine.note` too) — and drives them with every feed call.
 Whether a training step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
 :class:`~hookscope.doctor.schedule.Cadence`, and handed to each recorder as a boolean.
