@@ -3,8 +3,12 @@ its cadence reads it less often while a read is slow; the collector's time is re
 
 import gc
 import mmap
+import platform
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import torch
 
 from hookscope.doctor.timing.gc_time import GcTime
@@ -22,6 +26,29 @@ def test_the_probe_follows_the_resident_memory():
     assert 60 << 20 <= after - before <= 72 << 20
     assert probe.total > after
     kept.close()
+
+
+UNTOUCHED = """
+import numpy as np
+from hookscope.doctor.timing import keep_freed_memory
+from hookscope.doctor.timing.memory import MemoryProbe
+import torch
+
+keep_freed_memory()  # freed blocks of up to 32 MB stay in the heap, as free chunks
+probe = MemoryProbe(torch.device("cpu"))
+blocks = [np.zeros(2_000_000) for _ in range(100)]  # 1.6 GB of calloc, never written: not resident
+del blocks
+info = probe.read.mallinfo2()
+print(probe.read(), info.uordblks + info.hblkhd, info.fordblks)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallinfo2")
+def test_memory_in_use_is_never_less_than_what_malloc_handed_out():
+    out = subprocess.run([sys.executable, "-c", UNTOUCHED], capture_output=True, text=True, check=True)
+    in_use, handed_out, free = map(int, out.stdout.split())
+    assert free > 256 << 20  # the freed blocks are free chunks, which were never resident
+    assert in_use >= handed_out > 0
 
 
 def test_the_collectors_time_is_counted_between_takes():

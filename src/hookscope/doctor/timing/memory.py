@@ -124,13 +124,17 @@ class _MallInfo2(ctypes.Structure):
 
 
 class _InUse:
-    """The resident size less the bytes glibc's ``malloc`` holds free (its arenas' free chunks)."""
+    """The resident size less the bytes glibc's ``malloc`` holds free (its arenas' free chunks), and never
+    less than the bytes ``malloc`` has handed out: a free chunk need not be resident (a ``calloc``'d block
+    never written, then freed: measured, 1.6 GB of ``np.zeros`` freed took the estimate from 549 to 27 MB,
+    and further takes it below 0), so the difference alone can fall below what is surely in use."""
 
     def __init__(self, resident: Callable[[], int], mallinfo2: Callable[[], _MallInfo2]) -> None:
         self.resident, self.mallinfo2 = resident, mallinfo2
 
     def __call__(self) -> int:
-        return self.resident() - int(self.mallinfo2().fordblks)
+        info = self.mallinfo2()
+        return max(self.resident() - int(info.fordblks), int(info.uordblks) + int(info.hblkhd))
 
     def close(self) -> None:
         close = getattr(self.resident, "close", None)
