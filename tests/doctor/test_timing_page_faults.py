@@ -84,6 +84,8 @@ def test_steps_slowed_by_faults_in_every_layer_are_no_slowdown_of_the_compute():
     ends = range(40, 121, 10)
     assert any(blind.check(steps[:end], rows[:end]) for end in ends)  # without the counters: a growth
     assert not any(slowdown.check(steps[:end], rows[:end], kernel=counters[:end, KERNEL]) for end in ends)
+    counters[:, KERNEL] = 0.004  # a steady kernel share: the compute's own growth is still one
+    assert any(Slowdown().check(steps[:end], rows[:end], kernel=counters[:end, KERNEL]) for end in ends)
 
 
 TRAIN = """
