@@ -7,12 +7,13 @@ is :data:`FACTOR` times the reference or more, and at least :data:`MIN_GROWTH` l
 slower than the run's own start, and neither the loader (``data`` is not compute), a stall (one step
 does not move a median), a busy machine (its wait is taken out; while an intra-op pool computes, whose
 threads' waits tell the machine's part less exactly, nothing is judged while the latest steps wait for
-a core :data:`~.stalls.BUSY` of their time or more) nor the allocator (on the CPU, the kernel's time
-beyond the data phase is taken out: a process whose malloc starts giving memory back to the system
-faults every step from then on, in every layer alike, see :mod:`~.page_faults`) is the reason. The
-recorder then profiles a short window once (:mod:`~.slow_layers`), whose finding says what grew and
-names the modules that take the time now: a cache or a history that a layer attends over and that grows
-every step, a graph walked through ever more steps, a sequence length that grows.
+a core :data:`~.stalls.BUSY` of their time or more) nor the allocator (on the CPU, what the kernel's
+time beyond the data phase grew since the reference is taken out: a process whose malloc starts giving
+memory back to the system faults every step from then on, in every layer alike, see
+:mod:`~.page_faults`) is the reason. The recorder then profiles a short window once
+(:mod:`~.slow_layers`), whose finding says what grew and names the modules that take the time now: a
+cache or a history that a layer attends over and that grows every step, a graph walked through ever more
+steps, a sequence length that grows.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Slowdown:
     """The run's reference compute time, and the growth found (once)."""
 
     def __init__(self) -> None:
-        self.reference: tuple[int, int, float] | None = None  # first step, last step, median seconds
+        # first step, last step, median compute seconds, median kernel seconds beyond the data phase
+        self.reference: tuple[int, int, float, float] | None = None
         self.growth: Growth | None = None
 
     def check(
@@ -65,16 +67,20 @@ class Slowdown:
         seconds in each step, where they were counted."""
         if self.growth is not None or len(steps) < REFERENCE:
             return None
-        compute = rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT]
-        if kernel is not None:  # what the loader's reads cannot explain: page faults in the compute
-            compute -= np.maximum(kernel - rows[:, DATA], 0.0)
-        compute = np.maximum(compute, 0.0)
+        compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
+        # the kernel's time the loader's reads cannot explain: page faults in the compute
+        faults = np.maximum(kernel - rows[:, DATA], 0.0) if kernel is not None else np.zeros(len(steps))
         if self.reference is None:
-            self.reference = (int(steps[0]), int(steps[REFERENCE - 1]), float(np.median(compute[:REFERENCE])))
-        first, last, before = self.reference
+            window = slice(0, REFERENCE)
+            before, before_faults = float(np.median(compute[window])), float(np.median(faults[window]))
+            self.reference = (int(steps[0]), int(steps[REFERENCE - 1]), before, before_faults)
+        first, last, before, before_faults = self.reference
         if steps[-LATEST] <= last:
             return None
+        # what the faults grew by is the allocator's, not the layers' (a level they kept all along is
+        # left in, so the factor is judged against the whole compute of the start)
         now = float(np.median(compute[-LATEST:]))
+        now -= max(float(np.median(faults[-LATEST:])) - before_faults, 0.0)
         if now < FACTOR * before or now - before < MIN_GROWTH or (parallel and machine_busy(rows[-LATEST:])):
             return None
         self.growth = Growth(first, last, before, now, int(steps[-1]))
@@ -89,5 +95,9 @@ class Slowdown:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         reference, growth = state.get("reference"), state.get("growth")
-        self.reference = (int(reference[0]), int(reference[1]), float(reference[2])) if reference else None
+        if reference:  # older checkpoints kept no kernel time: none counted then
+            kept = float(reference[3]) if len(reference) > 3 else 0.0
+            self.reference = (int(reference[0]), int(reference[1]), float(reference[2]), kept)
+        else:
+            self.reference = None
         self.growth = Growth(*growth) if growth else None
