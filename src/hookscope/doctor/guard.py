@@ -65,11 +65,13 @@ class NonFiniteCheck:
         self.losses: list[torch.Tensor] = []
         self._hooks = HookSet()
         self._one: torch.Tensor | None = None  # the fused check's scale, on the gradients' device
+        self._fused = True  # the fused check takes these gradients (not sparse ones): tried once per attach
 
     def attach(self, model: nn.Module) -> None:
         """Hook the selected modules; values of an earlier run are dropped."""
         self._hooks.remove()
         self.clear()
+        self._fused = True
         if self.select is False:
             return
         for _, module in select(model, None if self.select is True else self.select):
@@ -126,7 +128,9 @@ class NonFiniteCheck:
         gradient is not finite (inside a training step each small op costs 20-80 us on a CPU, so they
         are few). A layout the fused check does not take (sparse gradients) gets :func:`_largest`."""
         flag = _zero_if_finite(values, grads[0].device if grads else device)
-        if grads and not compat.flag_non_finite_(grads, flag, self._unit(flag.device)):
+        if grads and self._fused:  # a refusal is remembered: it would raise again at every step
+            self._fused = compat.flag_non_finite_(grads, flag, self._unit(flag.device))
+        if grads and not self._fused:
             return flag.item() == 0 and all(map(math.isfinite, torch.stack(_largest(grads)).tolist()))
         return flag.item() == 0
 
