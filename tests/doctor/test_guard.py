@@ -22,14 +22,19 @@ def test_the_guard_decision_names_the_first_failed_check_and_clears_when_all_is_
     model = nn.Sequential(nn.Linear(2, 2))
     check = NonFiniteCheck(None, training=module_in_training)
     check.attach(model)
-    model(torch.ones(1, 2)).sum().backward()
-    check.loss(torch.tensor(1.0))
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    kept = loss.item()
+    check.loss(loss)
     assert check.decide(model.parameters(), torch.device("cpu")) is None
-    assert check.extremes == [] and check.losses == []
+    assert check.extremes == [] and check.losses == [] and loss.item() == kept  # the loop's loss as it was
     check.loss(torch.tensor(math.nan))
     assert check.decide(model.parameters(), torch.device("cpu")) == "loss"
     model(torch.full((1, 2), math.inf))
     assert check.decide(model.parameters(), torch.device("cpu")) == "activation"
+    check.clear()  # a loop that goes on after a stop: the next steps are judged on their own
+    check.loss(torch.tensor(1.0))
+    assert check.decide(model.parameters(), torch.device("cpu")) is None
     check.detach()
     assert len(model[0]._forward_hooks) == 0
 

@@ -2,11 +2,11 @@
 
 Nothing is checked on the host between two steps: each loss and the extremes (min and max) of each watched
 module output are kept on the device as 0-d tensors, each finite exactly when what it stands for is.
-:meth:`NonFiniteCheck.decide` folds them into one flag on the device (their product by 0: 0 when they
-are finite, NaN when one is not), lets one fused kernel set it when a gradient is not finite (the one
-``GradScaler`` uses to unscale, at a scale of 1) and reads it to the host in ONE transfer, just before
-the optimizer step: two or three small ops and a read per step, whatever the number of layers. Only
-when it is not 0 does it look at which kind failed.
+:meth:`NonFiniteCheck.decide` hands them and every gradient to one fused kernel (the one ``GradScaler``
+uses to unscale, at a scale of 1: the values stay as they are) that sets a flag kept on the device when a
+value is not finite, and reads the flag to the host in ONE transfer, just before the optimizer step: one
+op and a read per step, whatever the number of layers. Only when it is set does it look at which kind
+failed.
 
 When it is not, :class:`BatchJournal` names the culprit: it noted each batch since the last good step
 with what a replay needs (inputs, torch's RNG state, the autocast dtype), replays them with
@@ -64,8 +64,8 @@ class NonFiniteCheck:
         self.extremes: list[torch.Tensor] = []
         self.losses: list[torch.Tensor] = []
         self._hooks = HookSet()
-        self._one: torch.Tensor | None = None  # the fused check's scale, on the gradients' device
-        self._fused = True  # the fused check takes these gradients (not sparse ones): tried once per attach
+        self._flag: _Flag | None = None  # the fused check's flag, on the device of what it checks
+        self._fused = True  # the fused check takes these tensors (not sparse ones): tried once per attach
 
     def attach(self, model: nn.Module) -> None:
         """Hook the selected modules; values of an earlier run are dropped."""
@@ -123,22 +123,25 @@ class NonFiniteCheck:
     def _all_finite(
         self, values: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device
     ) -> bool:
-        """Whether the 0-d ``values`` and every value of ``grads`` are finite, in one read: a flag that is
-        0 when the values are finite and NaN when one is not, set to 1 by the fused check when a
-        gradient is not finite (inside a training step each small op costs 20-80 us on a CPU, so they
-        are few). A layout the fused check does not take (sparse gradients) gets :func:`_largest`."""
-        flag = _zero_if_finite(values, grads[0].device if grads else device)
-        if grads and self._fused:  # a refusal is remembered: it would raise again at every step
-            self._fused = compat.flag_non_finite_(grads, flag, self._unit(flag.device))
-        if grads and not self._fused:
-            return flag.item() == 0 and all(map(math.isfinite, torch.stack(_largest(grads)).tolist()))
-        return flag.item() == 0
+        """Whether the 0-d ``values`` and every value of ``grads`` are finite, in one read: one fused
+        kernel sets a flag kept on their device when a value is NaN or infinite (inside a training step
+        each small op costs 20-80 us on a CPU, so there is one, the read included: a CPU flag is read
+        through numpy). A layout the fused check does not take (sparse gradients) gets :func:`_largest`."""
+        tensors = [*values, *grads]
+        if not tensors:
+            return True
+        if self._fused:  # a refusal is remembered: it would raise again at every step
+            flag = self._flag_on(tensors[0].device)
+            self._fused = compat.flag_non_finite_(tensors, flag.found, flag.one)
+            if self._fused:
+                return flag.clear_if_set()
+        return _every_finite(tensors)
 
-    def _unit(self, device: torch.device) -> torch.Tensor:
-        """A float32 1 on ``device``, made once (a new tensor every step would be one more op)."""
-        if self._one is None or self._one.device != device:
-            self._one = torch.ones((), device=device)
-        return self._one
+    def _flag_on(self, device: torch.device) -> _Flag:
+        """The flag on ``device``, made once (a new tensor every step would be one more op)."""
+        if self._flag is None or self._flag.found.device != device:
+            self._flag = _Flag(device)
+        return self._flag
 
     def _watch(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.training(module):
@@ -242,12 +245,38 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
 def _zero_if_finite(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """A new float32 0-d tensor on ``device``: 0 when every 0-d value is finite, NaN when one is not. Each
     value times 0 is NaN exactly when it is NaN or infinite; the product comes before the sum and the
-    cast, so no large finite value can overflow them. One op for the Doctor's guard (its one loss)."""
+    cast, so no large finite value can overflow them."""
     if not values:
         return torch.zeros((), device=device)
     if len(values) == 1:
         return values[0].mul(0).float().to(device)
     return torch.stack(values).mul(0).sum(dtype=torch.float32).to(device)
+
+
+class _Flag:
+    """A float32 0 on ``device`` that :func:`compat.flag_non_finite_` sets to 1 (with ``one``, its scale),
+    and its reader: on the CPU a numpy view (no torch op), on a GPU ``item`` (the guard's one sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.found = torch.zeros((), device=device)
+        self.one = torch.ones((), device=device)
+        self._read = self.found.numpy().item if device.type == "cpu" else self.found.item
+
+    def clear_if_set(self) -> bool:
+        """Whether the flag is still 0 (nothing non-finite); a set flag is cleared for the next check."""
+        if self._read() == 0:
+            return True
+        self.found.zero_()
+        return False
+
+
+def _every_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of ``tensors`` (any layout, on any devices) is finite, from the largest
+    magnitude of each: one read per device."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for largest in _largest(tensors):
+        by_device.setdefault(largest.device, []).append(largest)
+    return all(math.isfinite(v) for group in by_device.values() for v in torch.stack(group).tolist())
 
 
 def _all_finite_on_every_rank(
