@@ -54,6 +54,14 @@ def test_the_stall_windows_grow_with_the_run():
     assert finding.evidence["window"] == 50 and finding.step == 300
 
 
+def test_the_stall_rule_judges_the_losses_it_reads_and_is_silent_when_one_of_them_is_not_finite():
+    flat = [2.3] * 400  # windows of 50: the start is losses 0-2, the windows losses 300-399
+    skipped = [*flat[:100], math.inf, *flat[101:]]  # one step a grad scaler skipped, long ago
+    assert [f.kind for f in rules.stalled_loss(_steps(skipped), TH)] == ["plateau"]
+    for i in (1, 350):  # in the start or in a window: no median to trust
+        assert rules.stalled_loss(_steps([*flat[:i], math.nan, *flat[i + 1 :]]), TH) == []
+
+
 def _records(ratio, n=3, grad=1.0):
     return [ParamRecord(step, grad, ratio) for step in range(n)]
 

@@ -432,24 +432,29 @@ def stalled_loss(losses: Sequence[tuple[int, float]], th: Thresholds) -> list[Fi
     to-batch noise does not trigger it: a healthy loss keeps falling, and a converged one lies far below
     half its start. On the engine's bounded history (:mod:`hookscope.doctor.loss_history`: every loss of
     the start, an even subsample after it) the windows count kept losses, so they still span an eighth
-    of the run, and the messages give their length in steps.
+    of the run, and the messages give their length in steps. It reads the first ``loss_window`` losses
+    and the two windows, nothing between (at every check early in a run, so its cost does not grow with
+    the history); a non-finite loss among them leaves it silent.
     """
-    values = [v for _, v in losses]
-    w = max(th.stall_window, len(values) // 8)
-    if len(values) < 2 * w or not all(math.isfinite(v) for v in values):
+    w = max(th.stall_window, len(losses) // 8)
+    if len(losses) < 2 * w:
         return []
-    start = statistics.median(values[: th.loss_window])
-    previous, recent = statistics.median(values[-2 * w : -w]), statistics.median(values[-w:])
+    first = [v for _, v in losses[: th.loss_window]]
+    windows = [v for _, v in losses[-2 * w :]]
+    if not all(map(math.isfinite, first)) or not all(map(math.isfinite, windows)):
+        return []
+    start = statistics.median(first)
+    previous, recent = statistics.median(windows[:w]), statistics.median(windows[w:])
     if start <= 0 or recent < th.stall_level * start or recent < (1 - th.stall_drop) * previous:
         return []
-    trend = falling_trend(values[-2 * w :])
+    trend = falling_trend(windows)
     if trend < -th.trend_z:
         return []
     since = losses[-2 * w][0]
     steps = losses[-1][0] - losses[-w][0] + 1  # the last window's length in steps
-    ordered = sorted(values[-w:])
+    ordered = sorted(windows[w:])
     spread = (ordered[(9 * w) // 10 - 1] - ordered[w // 10]) / recent
-    if fits_at_start(values, spread, th):
+    if fits_at_start(first, spread, th):
         return []
     evidence = {"start": start, "previous": previous, "recent": recent, "spread": spread, "window": w}
     evidence["trend_z"] = trend
