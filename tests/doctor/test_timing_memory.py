@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hookscope.doctor.timing.gc_time import GcTime
-from hookscope.doctor.timing.memory import BUDGET, DENSE, MAX_FACTOR, MemoryCadence, MemoryProbe
+from hookscope.doctor.timing.memory import AFTERMATH, BUDGET, DENSE, MAX_FACTOR, MemoryCadence, MemoryProbe
 
 
 def test_the_probe_follows_the_resident_memory():
@@ -114,9 +114,17 @@ def test_a_read_that_turns_cheap_brings_the_interval_back():
 
 def test_a_cheap_read_keeps_the_base_interval():
     cadence = MemoryCadence(4, adaptive=True)
-    cost = BUDGET * 4 * 0.01 / 2  # half the budget of the 4 steps of 10 ms between two reads
+    cost = BUDGET * 4 * 0.01 / 2 / AFTERMATH  # half the budget of the 4 steps of 10 ms between two reads
     read = read_steps(cadence, 1000, cost=cost, between=0.01)
     assert read == list(range(0, 1000, 4))
+
+
+def test_a_read_is_weighed_with_what_it_costs_the_steps_after_it():
+    """A heap walk of 20 us every 4th step of 10 ms is 0.05% of the time by its own clock, 0.3% with the
+    caches it empties: over the budget, so the interval grows."""
+    cadence = MemoryCadence(4, adaptive=True)
+    read = read_steps(cadence, 1000, cost=20e-6, between=0.01)
+    assert read[: DENSE + 1] == list(range(0, 4 * DENSE + 4, 4)) and cadence.every > 4
 
 
 def test_an_interval_the_user_chose_is_kept():

@@ -10,7 +10,8 @@ their graphs, the usual leak, refill it: the resident size alone would miss them
 ``mallinfo2`` walks malloc's free lists, which lengthen with every fit a process runs (measured: 1 us
 at the start, 270 us after eleven small fits, 12,000 free chunks holding 1 MB; up to 1.5 ms late in a
 long process). :class:`MemoryCadence` keeps that cost bounded: after the samples the rule needs at the
-start, a read that costs more than :data:`BUDGET` of the time since the one before doubles the interval.
+start, a read that costs more than :data:`BUDGET` of the time since the one before doubles the interval,
+its cost counted as :data:`AFTERMATH` times its own time.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from hookscope.doctor.timing.memory_growth import SEGMENT, SEGMENTS
 # caches the step's kernels use), which the budget below cannot see.
 DENSE = SEGMENT * SEGMENTS
 BUDGET = 0.0025  # of the time between two reads, at most, once the dense samples are taken
+# A walk visits every free chunk, spread over the heap, and the steps after it run on the caches it emptied:
+# measured in stop 37 (docs/benchmarks.md), reads of 7-22 ms in all a fit cost the fit about 4.7 points
+# (130 ms) of the small CNN's time. Its own time, times this, is what the budget weighs.
+AFTERMATH = 6
 MAX_FACTOR = 16  # the interval grows to 16 x the base at most: a late leak shows within 18 x 16 x base steps
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -57,10 +62,11 @@ class MemoryProbe:
 class MemoryCadence:
     """When to read the memory: every ``every`` steps; with ``adaptive``, past the first :data:`DENSE`
     samples from step ``warmup`` on (those the rule reads), the interval doubles (up to
-    :data:`MAX_FACTOR` times ``every``) after a read that took more than :data:`BUDGET` of the time
-    since the read before, and halves back after one that took less than a quarter of that. A leak
-    grows at every step, so sparser samples still show it, later; a growing heap walk (``mallinfo2``)
-    then costs at most about a quarter of a percent of the training time."""
+    :data:`MAX_FACTOR` times ``every``) after a read whose cost (:data:`AFTERMATH` times its own time)
+    was more than :data:`BUDGET` of the time since the read before, and halves back after one that cost
+    less than a quarter of that. A leak grows at every step, so sparser samples still show it, later; a
+    growing heap walk (``mallinfo2``) then costs at most about a quarter of a percent of the training
+    time, the caches it empties included. A walk of a fresh process (about 1 us) keeps the base interval."""
 
     def __init__(self, every: int, adaptive: bool, warmup: int = 0) -> None:
         self.base = self.every = every
@@ -78,7 +84,7 @@ class MemoryCadence:
         if step >= self.warmup:
             self.taken += 1
         if self.adaptive and self.taken > DENSE and since is not None and since > 0:
-            share = (ended - started) / since
+            share = AFTERMATH * (ended - started) / since
             if share > BUDGET and self.every < self.base * MAX_FACTOR:
                 self.every *= 2
             elif share < BUDGET / 4 and self.every > self.base:
