@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import resource
 import statistics
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage; KernelMeter then counts nothing
+    resource = None  # type: ignore[assignment]
 
 
 def benchmark_args(
@@ -84,6 +88,8 @@ class KernelMeter:
 
     def report(self, steps: int) -> str:
         """A line per variant: the median page faults per step and kernel share, and their range."""
+        if resource is None:
+            return "  page faults per step: not counted here (no getrusage on this platform)"
         lines = ["  page faults per step, and the kernel's share of the CPU time (medians; ranges):"]
         for name, calls in self.calls.items():
             faults = [f / steps for f, _ in calls]
@@ -104,6 +110,9 @@ class KernelMeter:
         calls = self.calls.setdefault(name, [])
 
         def metered() -> float:
+            if resource is None:
+                calls.append((0, 0.0))
+                return run()
             before = resource.getrusage(resource.RUSAGE_SELF)
             seconds = run()
             after = resource.getrusage(resource.RUSAGE_SELF)
