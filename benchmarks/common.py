@@ -137,6 +137,16 @@ def paired_ratio(times: dict[str, list[float]], name: str, baseline: str) -> flo
     return median([a / b for a, b in zip(times[name], times[baseline], strict=True)])
 
 
+def ratio_spread(times: dict[str, list[float]], name: str, baseline: str) -> str:
+    """The middle half of the per-round ratios of ``name`` to ``baseline`` ("1.03-1.08"): on a shared
+    machine a round's ratio moves by more than the effects measured, and this says by how much."""
+    ratios = sorted(a / b for a, b in zip(times[name], times[baseline], strict=True))
+    if len(ratios) < 4:
+        return "too few rounds for a spread"
+    quartiles = statistics.quantiles(ratios, n=4)
+    return f"middle half of the rounds {quartiles[0]:.3f}-{quartiles[2]:.3f}"
+
+
 def format_table(
     title: str, per_step_us: dict[str, float], baseline: str, skipped: dict[str, str] | None = None
 ) -> str:

@@ -58,6 +58,7 @@ from common import (
     format_table,
     median,
     paired_ratio,
+    ratio_spread,
     run_alternating,
 )
 from doctor_parts import doctor_without, free_read_us
@@ -152,7 +153,10 @@ def measure(
     ratios = {}
     for name in list(variants)[1:]:
         ratios[name] = paired_ratio(times, name, bare)
-        print(f"  {name} vs bare, median of per-round ratios: {ratios[name]:.3f}x (target <= {TARGET}x)")
+        print(
+            f"  {name} vs bare, median of per-round ratios: {ratios[name]:.3f}x (target <= {TARGET}x; "
+            f"{ratio_spread(times, name, bare)})"
+        )
     print(meter.report(steps))
     for name in list(variants)[1:]:
         quiet = meter.quiet_rounds([bare, name], steps)
