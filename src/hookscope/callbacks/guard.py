@@ -5,8 +5,8 @@ callback feeds it the Learner's events and does what a Learner can do with a "no
 
 Trade-off (read this before changing it): the guard must never let a non-finite update reach the weights,
 and it must not stall the device once per layer. So the checks are cheap device-side reductions (one
-min/max per watched module output, the loss, folded into one flag that one fused check of every gradient
-sets) that stay on the device, and ONE number is read on the host per training step, just before
+min/max per watched module output, the loss) that stay on the device, handed with every gradient to one
+fused check that sets a flag there, and ONE number is read on the host per training step, just before
 ``opt.step()``. That read is the price of stopping a bad update without keeping a second copy of the
 weights and of the optimizer state (reading less often would mean rolling both back, and losing the good
 steps in between).
