@@ -135,15 +135,21 @@ def test_a_layer_missing_from_the_optimizer_is_not_updated_and_named():
     assert "update_ratio" not in kinds(learn)  # a ratio of exactly 0 is not "too small"
 
 
-def test_a_learning_rate_50x_too_high_oscillates_without_diverging():
+def test_a_learning_rate_50x_too_high_oscillates():
     torch.manual_seed(0)  # SGD with momentum trains this MLP well at lr 0.01
     sgd = partial(torch.optim.SGD, momentum=0.9)
     learn = train_with_doctor(mlp(depth=3), lr=0.5, opt_func=sgd, epochs=3, steps=60)
-    (finding,) = kinds(learn)["oscillating_loss"]
+    found = kinds(learn)
+    (finding,) = found["oscillating_loss"]
     assert finding.evidence["recent"] > 0.9 * finding.evidence["start"]
     assert finding.evidence["spread"] > 0.5
     assert "lower the learning rate" in finding.message
-    assert "loss_divergence" not in kinds(learn) and "plateau" not in kinds(learn)
+    assert "plateau" not in found
+    # The loss bounces 1.1..7.1 around 2.5. Whether one of its spikes crosses loss_divergence's bar (a
+    # 3-loss mean at 4x the best) depends on the CPU's float rounding over 60 chaotic steps: on an
+    # AVX-512 machine one reached 4.01x (stop 42), elsewhere none did. A crossing holds its evidence.
+    for divergence in found.get("loss_divergence", []):
+        assert divergence.evidence["loss"] > 4.0 * divergence.evidence["best"]
 
 
 def test_a_learning_rate_far_too_low_is_a_plateau_that_never_started():
