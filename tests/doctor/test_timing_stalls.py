@@ -55,7 +55,9 @@ def test_a_noted_checkpoint_is_named():
     train(model, opt, feed, in_memory(), 110, save_every_25)
     finding = {f.kind: f for f in feed.close()}["step_stalls"]
     assert finding.evidence["notes"] == {"checkpoint save": 4}
-    assert "checkpoint save ran in 4 of the 4 stalls" in finding.message
+    # a shared machine may add a stall of its own (stop 42: step 35 of one run); the saves stay named
+    stalls = finding.evidence["stalls"]
+    assert stalls in (4, 5) and f"checkpoint save ran in 4 of the {stalls} stalls" in finding.message
 
 
 def test_checkpoint_saves_stay_info_with_a_stray_slow_step_among_them():
