@@ -96,7 +96,7 @@ class NonFiniteCheck:
         if several_ranks():
             finite = _all_finite_on_every_rank(self.extremes + self.losses, grads, device)
         else:
-            finite = self._all_finite(self.extremes + self.losses, grads, device)
+            finite = self._all_finite(self.extremes + self.losses, grads)
         if finite:
             self.clear()
             return None
@@ -120,9 +120,7 @@ class NonFiniteCheck:
         self.extremes = [_stand_in(flag.to(device)) for flag in state["activation_ok"]]
         self.losses = [_stand_in(flag.to(device)) for flag in state["loss_ok"]]
 
-    def _all_finite(
-        self, values: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device
-    ) -> bool:
+    def _all_finite(self, values: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
         """Whether the 0-d ``values`` and every value of ``grads`` are finite, in one read: one fused
         kernel sets a flag kept on their device when a value is NaN or infinite (inside a training step
         each small op costs 20-80 us on a CPU, so there is one, the read included: a CPU flag is read
