@@ -2,13 +2,14 @@
 backward time, with its share and the fix for its type; the profiler and the hooks are gone afterwards; a
 run that did not ask is profiled only when its steps' own compute grew well beyond its start."""
 
+import time
 from itertools import pairwise
 
 import numpy as np
 import pytest
 import torch
 from faults import kinds, train_with_doctor
-from timing_loops import Feed, in_memory, train
+from timing_loops import Feed, cnn, in_memory, train
 from torch import nn
 
 from hookscope.doctor.timing import TimingRecorder
@@ -177,3 +178,54 @@ def test_only_a_growth_of_the_steps_own_compute_is_a_slowdown(grow, wait, parall
         resumed.load_state_dict(slowdown.state_dict())
         assert (resumed.reference, resumed.growth) == (slowdown.reference, growth)
         assert resumed.check(steps, rows) is None
+
+
+class Neighbour(nn.Module):
+    """Adds ``extra`` seconds of computing to every training forward from call ``start`` on — until the
+    profiler's hooks reach it when ``ends`` (another process that shared the core, then left)."""
+
+    def __init__(self, start=60, extra=0.006, ends=True):
+        super().__init__()
+        self.start, self.extra, self.ends = start, extra, ends
+        self.calls, self.gone = 0, False
+
+    def forward(self, x):
+        self.calls += 1
+        self.gone = self.gone or (self.ends and bool(self._forward_pre_hooks))
+        if self.training and self.calls > self.start and not self.gone:
+            until = time.perf_counter() + self.extra
+            while time.perf_counter() < until:  # on the core, as a neighbour's share of it looks
+                pass
+        return x
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["ended by the profile", "still there"])
+def test_a_slowdown_gone_by_the_time_it_is_profiled_is_not_reported(ends):
+    torch.set_num_threads(1)
+    neighbour = Neighbour(ends=ends)
+    model = nn.Sequential(neighbour, *cnn())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    feed = Feed(model, opt)
+    train(model, opt, feed, in_memory(), 160)
+    found = [f for f in feed.close() if f.kind == "slow_layers"]
+    assert feed.recorder.slowdown.growth is not None  # the growth was seen, and the window opened
+    assert len(feed.recorder.slow_layers.profiled) == 5
+    assert neighbour.gone == ends
+    if ends:
+        assert found == []
+    else:
+        (finding,) = found  # the neighbour's 6 ms are the growth, and it takes the time
+        growth = finding.evidence["growth"]
+        assert finding.module == "0" and growth["now_ms"] - growth["before_ms"] >= 5
+
+
+def test_the_profiled_steps_tell_whether_a_growth_holds():
+    steps, rows = synthetic(grow=BACKWARD)
+    slowdown = Slowdown()
+    assert slowdown.holds(steps, rows, [100, 101]) is None  # no reference yet
+    assert slowdown.check(steps[:90], rows[:90]) is not None
+    assert slowdown.holds(steps, rows, [100, 101, 102])  # 30 ms against 10
+    assert slowdown.holds(steps, rows, [50, 51, 52]) is False  # before the growth
+    assert slowdown.holds(steps[:92], rows[:92], [101, 102]) is None  # step 102 not read yet
+    kernel = np.where(steps >= 100, 0.025, 0.0)  # from step 100 on the allocator's faults took the time
+    assert slowdown.holds(steps, rows, [100, 101, 102], kernel) is False

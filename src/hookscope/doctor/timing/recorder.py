@@ -322,7 +322,7 @@ class TimingRecorder:
             self._page_faults_finding(steps[-BASELINE:], rows[-BASELINE:], counters),
             self.recompiles.finding(self.warmup),
             self.host_syncs.finding(),
-            self.slow_layers.finding(),
+            self._slow_layers_finding(steps, rows, kernel),
         ]
         new = [f for f in found if f is not None and f.kind not in self._reported]
         self._reported.update(f.kind for f in new)
@@ -469,6 +469,19 @@ class TimingRecorder:
         if n == 0 or len(counted) < n or not np.array_equal(counted[-n:], steps):
             return None
         return rows[-n:]
+
+    def _slow_layers_finding(
+        self, steps: np.ndarray, rows: np.ndarray, kernel: np.ndarray | None
+    ) -> Finding | None:
+        """The profiled window's finding. A window the slowdown opened reports only when its steps were
+        still slow under the profiler; one that was fast again is dropped (the growth stays found, once)."""
+        window = self.slow_layers
+        if window.growth is None or not window.times:  # asked for, not read yet, or dropped
+            return window.finding()
+        held = self.slowdown.holds(steps, rows, window.profiled, kernel)
+        if held is False:
+            window.dismiss()
+        return window.finding() if held else None
 
     def _page_faults_finding(
         self, steps: np.ndarray, rows: np.ndarray, counters: np.ndarray | None

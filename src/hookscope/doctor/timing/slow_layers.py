@@ -105,6 +105,11 @@ class ProfileWindow:
         self._open.clear()
         self.times = _per_step(module_times(profiler.events(), self._cuda), max(len(self.profiled), 1))
 
+    def dismiss(self) -> None:
+        """Forget the modules' times: the window reports nothing, and it was read (it does not open
+        again)."""
+        self.times = {}
+
     def finding(self) -> Finding | None:
         """:func:`slow_layers` once the window is read."""
         if self.times is None:

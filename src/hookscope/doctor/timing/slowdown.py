@@ -13,7 +13,10 @@ memory back to the system faults every step from then on, in every layer alike, 
 :mod:`~.page_faults`) is the reason. The recorder then profiles a short window once
 (:mod:`~.slow_layers`), whose finding says what grew and names the modules that take the time now: a
 cache or a history that a layer attends over and that grows every step, a graph walked through ever more
-steps, a sequence length that grows.
+steps, a sequence length that grows. The profiled steps are timed too (:meth:`Slowdown.holds`): where they
+are fast again, under the profiler's own overhead, the slowdown ended by itself (another process on a
+shared core or its caches: on a virtual machine that takes no wait for a core the threads can see) and
+the window reports nothing.
 """
 
 from __future__ import annotations
@@ -67,9 +70,7 @@ class Slowdown:
         seconds in each step, where they were counted."""
         if self.growth is not None or len(steps) < REFERENCE:
             return None
-        compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
-        # the kernel's time the loader's reads cannot explain: page faults in the compute
-        faults = np.maximum(kernel - rows[:, DATA], 0.0) if kernel is not None else np.zeros(len(steps))
+        compute, faults = _compute(rows, kernel)
         if self.reference is None:
             window = slice(0, REFERENCE)
             before, before_faults = float(np.median(compute[window])), float(np.median(faults[window]))
@@ -77,14 +78,26 @@ class Slowdown:
         first, last, before, before_faults = self.reference
         if steps[-LATEST] <= last:
             return None
-        # what the faults grew by is the allocator's, not the layers' (a level they kept all along is
-        # left in, so the factor is judged against the whole compute of the start)
-        now = float(np.median(compute[-LATEST:]))
-        now -= max(float(np.median(faults[-LATEST:])) - before_faults, 0.0)
-        if now < FACTOR * before or now - before < MIN_GROWTH or (parallel and machine_busy(rows[-LATEST:])):
+        now = _now(compute[-LATEST:], faults[-LATEST:], before_faults)
+        if not _grown(before, now) or (parallel and machine_busy(rows[-LATEST:])):
             return None
         self.growth = Growth(first, last, before, now, int(steps[-1]))
         return self.growth
+
+    def holds(
+        self, steps: np.ndarray, rows: np.ndarray, profiled: list[int], kernel: np.ndarray | None = None
+    ) -> bool | None:
+        """Whether the ``profiled`` steps, timed again under the profiler, are still as slow as the growth
+        said; None while some of them are not among the recent ``steps``/``rows``. The profiler only adds
+        time, so steps that are fast again under it were slowed by something that ended — another
+        process on the machine's shared core or caches, which the threads' wait for a core does not
+        show — not by the layers."""
+        chosen = np.isin(steps, profiled)
+        if self.reference is None or not profiled or int(chosen.sum()) < len(profiled):
+            return None
+        _, _, before, before_faults = self.reference
+        compute, faults = _compute(rows[chosen], kernel[chosen] if kernel is not None else None)
+        return _grown(before, _now(compute, faults, before_faults))
 
     def state_dict(self) -> dict[str, Any]:
         growth = self.growth
@@ -101,3 +114,22 @@ class Slowdown:
         else:
             self.reference = None
         self.growth = Growth(*growth) if growth else None
+
+
+def _compute(rows: np.ndarray, kernel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's compute seconds (forward, backward and optimizer less the wait for a core), and the
+    kernel's seconds that the loader's reads cannot explain (page faults in the compute)."""
+    compute = np.maximum(rows[:, FORWARD : OPTIMIZER + 1].sum(axis=1) - rows[:, WAIT], 0.0)
+    faults = np.maximum(kernel - rows[:, DATA], 0.0) if kernel is not None else np.zeros(len(rows))
+    return compute, faults
+
+
+def _now(compute: np.ndarray, faults: np.ndarray, before_faults: float) -> float:
+    """The median compute, less what the faults grew by since the reference: that is the allocator's,
+    not the layers' (a level they kept all along is left in, so the factor is judged against the whole
+    compute of the start)."""
+    return float(np.median(compute)) - max(float(np.median(faults)) - before_faults, 0.0)
+
+
+def _grown(before: float, now: float) -> bool:
+    return now >= FACTOR * before and now - before >= MIN_GROWTH
