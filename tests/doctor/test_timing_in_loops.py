@@ -75,14 +75,21 @@ class SlowEvery(Callback):
             time.sleep(self.seconds)
 
 
+def assert_names_slow_every(stalls):
+    """Four or five of the stalls at steps 24, 49, ..., 124 (a shared machine may hide one, slowing the step
+    beside it as much), every one of them SlowEvery's."""
+    named = set(stalls.evidence["steps"]) & {24, 49, 74, 99, 124}
+    assert len(named) >= 4 and stalls.evidence["period"] == 25
+    of = f"{len(named)} of the {stalls.evidence['stalls']} stalls"
+    assert f"SlowEvery.after_batch took most of the extra time in {of}" in stalls.message
+
+
 def test_the_learner_names_the_callback_that_ran_in_the_stalls():
     learn = learner(in_memory(), SlowEvery(25, 0.3))
-    learn.fit(7)  # 112 steps
+    learn.fit(9)  # 144 steps
     found = kinds(learn.doctor.findings)
     assert set(found) == {"step_stalls"}
-    stalls = found["step_stalls"]
-    assert_periodic(stalls, [24, 49, 74, 99])
-    assert "SlowEvery.after_batch took most of the extra time in 4 of the" in stalls.message
+    assert_names_slow_every(found["step_stalls"])
 
 
 class WithTable(nn.Module):
@@ -291,9 +298,9 @@ def test_timing_the_callbacks_keeps_the_training_loop_readable(capsys):
 def test_the_callbacks_are_timed_under_callback_costs_timer_too():
     cost = hs.callbacks.CallbackCost()
     learn = learner(in_memory(), cost, SlowEvery(25, 0.3))
-    learn.fit(7)
-    assert "SlowEvery.after_batch took most" in kinds(learn.doctor.findings)["step_stalls"].message
-    assert cost.costs["slow_every"]["after_batch"]["calls"] == 112
+    learn.fit(9)
+    assert_names_slow_every(kinds(learn.doctor.findings)["step_stalls"])
+    assert cost.costs["slow_every"]["after_batch"]["calls"] == 144
 
 
 class StepsRead(Callback):

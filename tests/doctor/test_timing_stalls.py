@@ -9,7 +9,7 @@ import torch
 from timing_loops import Feed, cnn, in_memory, run, stall_every, train
 
 from hookscope.doctor.timing.phases import COLUMNS, PHASES
-from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, period, step_stalls
+from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, isolated, period, step_stalls
 
 
 def test_a_periodic_stall_is_found_with_its_period():
@@ -94,3 +94,18 @@ def test_period_reads_the_common_gap():
     assert period([25, 50]) is None  # two gaps are not yet a period
     rng = np.random.default_rng(0)
     assert period(sorted(rng.choice(1000, 8, replace=False).tolist())) is None
+
+
+def test_a_stall_beside_a_much_shorter_one_still_counts():
+    """A slow spell of the machine (steps alike in a row) is left out; a 0.3 s stall whose neighbour a
+    busy machine slowed by 30 ms stays (on a shared CI machine one such hiccup cost a run its fourth
+    periodic stall, and the finding)."""
+    forward = PHASES.index("forward")
+
+    def stall(step, seconds):
+        return Stall(step, seconds, 0.003, forward, 0.0, ())
+
+    spell = [stall(40, 0.05), stall(41, 0.06), stall(42, 0.04)]
+    assert isolated(spell) == []
+    save, hiccup = stall(24, 0.3), stall(25, 0.033)
+    assert isolated([save, hiccup, *spell]) == [save]

@@ -473,8 +473,8 @@ class TimingRecorder:
     def _slow_layers_finding(
         self, steps: np.ndarray, rows: np.ndarray, kernel: np.ndarray | None
     ) -> Finding | None:
-        """The profiled window's finding. A window the slowdown opened reports only when its steps were
-        still slow under the profiler; one that was fast again is dropped (the growth stays found, once)."""
+        """The profiled window's finding. A window the slowdown opened reports only when its steps, and the
+        steps after it, were still slow; one that was fast again is dropped (the growth stays found, once)."""
         window = self.slow_layers
         if window.growth is None or not window.times:  # asked for, not read yet, or dropped
             return window.finding()

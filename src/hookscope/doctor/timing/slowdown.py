@@ -10,13 +10,16 @@ threads' waits tell the machine's part less exactly, nothing is judged while the
 a core :data:`~.stalls.BUSY` of their time or more) nor the allocator (on the CPU, what the kernel's
 time beyond the data phase grew since the reference is taken out: a process whose malloc starts giving
 memory back to the system faults every step from then on, in every layer alike, see
-:mod:`~.page_faults`) is the reason. The recorder then profiles a short window once
+:mod:`~.page_faults`) is the reason. Seen at two checks whose latest steps do not overlap (a growth
+that lasts, not a spell of a busy machine), the recorder profiles a short window once
 (:mod:`~.slow_layers`), whose finding says what grew and names the modules that take the time now: a
 cache or a history that a layer attends over and that grows every step, a graph walked through ever more
-steps, a sequence length that grows. The profiled steps are timed too (:meth:`Slowdown.holds`): where they
-are fast again, under the profiler's own overhead, the slowdown ended by itself (another process on a
-shared core or its caches: on a virtual machine that takes no wait for a core the threads can see) and
-the window reports nothing.
+steps, a sequence length that grows. Before the window reports, the growth
+is timed again (:meth:`Slowdown.holds`): in the profiled steps and in the :data:`AFTER` unprofiled steps
+that follow them, measured as the reference was. Where either is fast again, the slowdown ended by itself
+(another process on a shared core or its caches: on a virtual machine that takes no wait for a core the
+threads can see) and the window reports nothing; a run that ends before those steps are read gets no
+finding from it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ REFERENCE = 32  # steps after the warm-up: the run's own reference
 LATEST = 32  # the latest steps compared with it
 FACTOR = 1.5
 MIN_GROWTH = 2e-3  # seconds per step: a smaller growth is not worth a profile
+AFTER = 32  # unprofiled steps after the window that must still show the growth
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,15 @@ class Slowdown:
         # first step, last step, median compute seconds, median kernel seconds beyond the data phase
         self.reference: tuple[int, int, float, float] | None = None
         self.growth: Growth | None = None
+        self.suspected: int | None = None  # the last step of the latest steps that first showed it
 
     def check(
         self, steps: np.ndarray, rows: np.ndarray, parallel: bool = False, kernel: np.ndarray | None = None
     ) -> Growth | None:
-        """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it first;
-        ``parallel``: other threads compute with the training thread; ``kernel``: the process's kernel
-        seconds in each step, where they were counted."""
+        """The growth when the latest of the recent ``steps``/``rows`` (after the warm-up) show it, as did
+        the latest steps of an earlier check that they do not overlap: a growth that lasts. ``parallel``:
+        other threads compute with the training thread; ``kernel``: the process's kernel seconds in each
+        step, where they were counted."""
         if self.growth is not None or len(steps) < REFERENCE:
             return None
         compute, faults = _compute(rows, kernel)
@@ -80,6 +86,11 @@ class Slowdown:
             return None
         now = _now(compute[-LATEST:], faults[-LATEST:], before_faults)
         if not _grown(before, now) or (parallel and machine_busy(rows[-LATEST:])):
+            self.suspected = None
+            return None
+        if self.suspected is None:
+            self.suspected = int(steps[-1])
+        if steps[-LATEST] <= self.suspected:
             return None
         self.growth = Growth(first, last, before, now, int(steps[-1]))
         return self.growth
@@ -87,23 +98,31 @@ class Slowdown:
     def holds(
         self, steps: np.ndarray, rows: np.ndarray, profiled: list[int], kernel: np.ndarray | None = None
     ) -> bool | None:
-        """Whether the ``profiled`` steps, timed again under the profiler, are still as slow as the growth
-        said; None while some of them are not among the recent ``steps``/``rows``. The profiler only adds
-        time, so steps that are fast again under it were slowed by something that ended — another
-        process on the machine's shared core or caches, which the threads' wait for a core does not
-        show — not by the layers."""
-        chosen = np.isin(steps, profiled)
-        if self.reference is None or not profiled or int(chosen.sum()) < len(profiled):
+        """Whether the growth still holds in the ``profiled`` steps and in the :data:`AFTER` steps that
+        follow them; None while some of those are not among the recent ``steps``/``rows``. The profiler
+        only adds time, so profiled steps that are fast again were slowed by something that ended; the
+        steps after the window are timed as the reference was, without the profiler's own overhead
+        (which a slower machine makes larger), so they tell it apart from a growth that is still there.
+        Either fast again: another process on the machine's shared core or caches, which the threads'
+        wait for a core does not show — not the layers."""
+        if self.reference is None or not profiled:
+            return None
+        during = np.flatnonzero(np.isin(steps, profiled))
+        after = np.flatnonzero(steps > max(profiled))[:AFTER]
+        if len(during) < len(profiled) or len(after) < AFTER:
             return None
         _, _, before, before_faults = self.reference
-        compute, faults = _compute(rows[chosen], kernel[chosen] if kernel is not None else None)
-        return _grown(before, _now(compute, faults, before_faults))
+        return all(
+            _grown(before, _now(*_compute(rows[i], kernel[i] if kernel is not None else None), before_faults))
+            for i in (during, after)
+        )
 
     def state_dict(self) -> dict[str, Any]:
         growth = self.growth
         return {
             "reference": list(self.reference) if self.reference is not None else None,
             "growth": list(growth.__dict__.values()) if growth is not None else None,
+            "suspected": self.suspected,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -114,6 +133,7 @@ class Slowdown:
         else:
             self.reference = None
         self.growth = Growth(*growth) if growth else None
+        self.suspected = state.get("suspected")
 
 
 def _compute(rows: np.ndarray, kernel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -16,8 +16,9 @@ that took half its extra time or more (``callback Logger.after_batch``).
 :func:`step_stalls` reports them when they are periodic — :data:`MIN_PERIODIC` or more stalls, most gaps
 between them equal — and take at least :data:`PERIODIC_SHARE` of the time, or, not periodic, when
 :data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the recent steps). Only
-isolated stalls count: consecutive slow steps are a busy machine slowing the run down for a while (the
-cores taken by another process), and a busy machine's odd slow step stays below both bars.
+isolated stalls count: consecutive slow steps alike are a busy machine slowing the run down for a while
+(the cores taken by another process), and a busy machine's odd slow step stays below both bars; a stall
+beside a much shorter one (a hiccup of the machine next to a save) still counts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ SHARE = 0.1
 MIN_PERIODIC = 4
 PERIODIC_SHARE = 0.02
 KEPT = 512
+NEIGHBOUR = 0.5  # of a stall's extra time: a neighbouring stall that long makes both a slow spell
 REBASE = 32  # new steps judged against one baseline before it is computed again
 CALLBACK = "callback "  # how a note names a callback event that took a stall's time
 
@@ -150,10 +152,16 @@ def period(steps: list[int]) -> int | None:
 
 
 def isolated(stalls: list[Stall]) -> list[Stall]:
-    """The stalls whose neighbouring steps did not stall: a run of slow steps is the machine slowing
-    down for a while (another process taking the cores), not something the loop does."""
-    steps = {s.step for s in stalls}
-    return [s for s in stalls if s.step - 1 not in steps and s.step + 1 not in steps]
+    """The stalls that stand out from their neighbouring steps: a run of slow steps alike is the machine
+    slowing down for a while (another process taking the cores), not something the loop does. A stall
+    whose neighbour stalled by less than :data:`NEIGHBOUR` of its extra time stays: a 0.3 s save beside
+    a 30 ms hiccup of the machine is still the save."""
+    extra = {s.step: s.seconds - s.usual for s in stalls}
+    return [
+        s
+        for s in stalls
+        if all(extra.get(near, 0.0) < NEIGHBOUR * extra[s.step] for near in (s.step - 1, s.step + 1))
+    ]
 
 
 CHECKPOINT_SAVE = "checkpoint save"  # the note a Checkpoint callback leaves on the step it saves in
