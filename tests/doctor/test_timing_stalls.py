@@ -35,7 +35,8 @@ def test_the_garbage_collector_is_named_when_it_runs_in_the_stalls():
             garbage.clear()
             gc.collect()
 
-    found = {f.kind: f for f in run(in_memory(), 110, collect_every_25).close()}
+    # five collections: a shared machine that slows the step beside one as much hides it, four still show
+    found = {f.kind: f for f in run(in_memory(), 135, collect_every_25).close()}
     finding = found["step_stalls"]
     assert finding.evidence["gc_stalls"] >= 3
     assert "garbage collector" in finding.message and "gc.freeze()" in finding.message
