@@ -39,8 +39,13 @@ def tensorboard_texts(accumulator: Any, tag: str) -> list[tuple[int, str]]:
 
 
 def wandb_records(run_dir: Path) -> list[Any]:
-    """Every record of the offline run in ``run_dir`` (``wandb/offline-run-*``), as W&B's protobufs."""
+    """Every record of the offline run in ``run_dir`` (``wandb/offline-run-*``), as W&B's protobufs, once
+    W&B's service has written them all: ``run.finish()`` can return before it has (a loaded machine read
+    a run file without its history), so the service is torn down first, as at the process's exit."""
+    import wandb
     from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()
 
     (path,) = run_dir.glob("run-*.wandb")
     data = path.read_bytes()
