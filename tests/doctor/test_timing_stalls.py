@@ -17,7 +17,8 @@ def test_a_periodic_stall_is_found_with_its_period():
     assert set(found) == {"step_stalls"}
     finding = found["step_stalls"]
     assert finding.evidence["period"] == 25
-    assert finding.evidence["steps"] == [25, 50, 75, 100]
+    # a shared machine may add a slow step of its own between them (step 60 of one run here)
+    assert {25, 50, 75, 100} <= set(finding.evidence["steps"])
     assert finding.step == 100  # the fourth stall makes the period clear
     assert 290 <= finding.evidence["stall_ms"] <= 400
     assert finding.evidence["phase"] == "data"
@@ -99,8 +100,8 @@ def test_period_reads_the_common_gap():
 
 def test_a_stall_beside_a_much_shorter_one_still_counts():
     """A slow spell of the machine (steps alike in a row) is left out; a 0.3 s stall whose neighbour a
-    busy machine slowed by 30 ms stays (on a shared CI machine one such hiccup cost a run its fourth
-    periodic stall, and the finding)."""
+    busy machine slowed by 30 ms stays (dropped with it, such a hiccup can cost a run its fourth periodic
+    stall, and the finding)."""
     forward = PHASES.index("forward")
 
     def stall(step, seconds):
