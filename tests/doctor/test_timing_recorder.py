@@ -106,6 +106,8 @@ def test_validation_between_steps_belongs_to_no_step():
 
 
 def test_a_resumed_run_finds_what_an_uninterrupted_one_finds():
+    """Stalls every 25 steps, found alike with a resume at step 60 between them; the resumed process's own
+    warm-up is no stall."""
     stall = stall_every(25, 0.3)
     whole = run(in_memory(), 110, stall).close()
     assert [(f.kind, f.step, f.evidence["period"]) for f in whole] == [("step_stalls", 100, 25)]
@@ -122,10 +124,22 @@ def test_a_resumed_run_finds_what_an_uninterrupted_one_finds():
     state = torch.load(buffer, weights_only=True)  # what a checkpoint loads
     time.sleep(0.3)  # the restart: no step's time
     second = Feed(model, opt, start=60, state=state)
-    train(model, opt, second, loader, 50, lambda step: stall(step + 60))
+    train(model, opt, second, loader, 50, lambda step: warm_up_then(stall)(step + 60))
     found += second.close()
     assert [(f.kind, f.step, f.evidence["period"]) for f in found] == [("step_stalls", 100, 25)]
     assert found[0].evidence["steps"] == [25, 50, 75, 100]
+
+
+def warm_up_then(stall):
+    """``stall``, and the slow second step of a process that resumed at step 60 (its first steps warm up
+    again, as at the start of the run: they are judged by no rule)."""
+
+    def resumed(step):
+        stall(step)
+        if step == 61:
+            time.sleep(0.3)
+
+    return resumed
 
 
 def test_close_removes_the_hooks_and_the_collectors_callback():

@@ -19,7 +19,8 @@ returned before.
 Memory (:mod:`~.memory`) is sampled at the end of every ``memory_every``-th step (on the CPU, less often once
 a read costs more than a quarter of a percent of the time between two: see :class:`~.memory.MemoryCadence`).
 The first ``warmup`` steps (compilation, allocator and loader warm-up) are kept in the run's history but
-judged by no rule.
+judged by no rule; so are the first ``warmup`` steps after a resume (:meth:`~TimingRecorder.load_state_dict`),
+which warm up again.
 
 Per step it costs five to six clock reads (or event records), a ``getrusage`` on the CPU and a few Python
 calls; never a host sync.
@@ -116,6 +117,7 @@ class TimingRecorder:
         self._phase = DATA
         self._callbacks_in_data = 0.0  # the callbacks' own time inside this step's data phase
         self._step = 0
+        self._judged_from: int | None = warmup  # None after a resume: the next training step sets it
         self._forward_seen = False  # the root forward's hooks fire: they, not begin_batch, start it
         self._notes: dict[int, tuple[str, ...]] = {}  # per step: what the loop noted in it
         self._open_notes: tuple[str, ...] = ()  # noted in the step not closed yet
@@ -180,6 +182,8 @@ class TimingRecorder:
         if not training:
             return
         self._step = step
+        if self._judged_from is None:  # the first step after a resume warms up again
+            self._judged_from = step + self.warmup
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
         if self.host_syncs.active:  # CUDA only
@@ -273,14 +277,14 @@ class TimingRecorder:
             self._take_memory(step, used)
         counted, self._counted = self._counted, []
         for step, *row in counted:
-            if step >= self.warmup:
+            if self._judged(step):
                 self.kernel.add(step, row)
         rows = self._clock.take(wait)
         new = 0
         for step, row in rows:
             self.history.add(step, row)
             self.steps_read += 1
-            if step >= self.warmup:
+            if self._judged(step):
                 self.recent.add(step, row)
                 new += 1
         if new:
@@ -417,6 +421,12 @@ class TimingRecorder:
         self.slowdown.load_state_dict(state.get("slowdown", {}))  # older checkpoints have none
         self._restart()  # the time before the resume belongs to no step
         self._phase = DATA
+        self._judged_from = None
+
+    def _judged(self, step: int) -> bool:
+        """Whether the rules read ``step``: not in the warm-up at the start of the run or after a resume
+        (a new process compiles, allocates and starts its loader again)."""
+        return self._judged_from is not None and step >= self._judged_from
 
     # ---- machinery -----------------------------------------------------------------------------------
 
@@ -458,7 +468,7 @@ class TimingRecorder:
     def _take_memory(self, step: int, used: int) -> None:
         row = np.array([float(used)])
         self.memory_history.add(step, row)
-        if step >= self.warmup:
+        if self._judged(step):
             self.memory_recent.add(step, row)
 
     def _counters_of(self, steps: np.ndarray) -> np.ndarray | None:
