@@ -33,7 +33,7 @@ FIRST = 20  # steps before the first pair: the warm-up and the first check
 PARTS = ("activations", "output gradients", "update ratios")
 
 
-def doctor_without(*parts: str) -> hs.callbacks.Doctor:
+def recording_without(*parts: str) -> hs.callbacks.Doctor:
     """``Doctor(every=2)`` whose recorded steps leave ``parts`` out."""
     doctor = hs.callbacks.Doctor(quiet=True, every=2)
     engine = doctor.engine
@@ -66,7 +66,7 @@ def paired_extra(clock: StepClock) -> float:
 def fit(loaders: tuple, epochs: int, parts: tuple[str, ...], extras: list[float]) -> float:
     """One fit with ``Doctor(every=2)`` less ``parts``; appends its paired extra to ``extras``."""
     torch.manual_seed(0)
-    doctor = doctor_without(*parts)
+    doctor = recording_without(*parts)
     clock = StepClock(time.thread_time, doctor)
     learn = hs.Learner(
         small_cnn(), loaders, nn.CrossEntropyLoss(), lr=1e-3, cbs=[clock, doctor], progress=False

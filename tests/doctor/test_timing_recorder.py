@@ -124,7 +124,8 @@ def test_a_resumed_run_finds_what_an_uninterrupted_one_finds():
     state = torch.load(buffer, weights_only=True)  # what a checkpoint loads
     time.sleep(0.3)  # the restart: no step's time
     second = Feed(model, opt, start=60, state=state)
-    train(model, opt, second, loader, 50, lambda step: warm_up_then(stall)(step + 60))
+    resumed = warm_up_then(stall)
+    train(model, opt, second, loader, 50, lambda step: resumed(step + 60))
     found += second.close()
     assert [(f.kind, f.step, f.evidence["period"]) for f in found] == [("step_stalls", 100, 25)]
     steps = found[0].evidence["steps"]
