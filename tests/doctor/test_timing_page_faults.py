@@ -96,21 +96,23 @@ from torch import nn
 import hookscope as hs
 from hookscope.doctor.timing import keep_freed_memory
 
-if sys.argv[2] == "keep":
+if sys.argv[1] == "keep":
     assert keep_freed_memory()
 torch.set_num_threads(1)
-torch.manual_seed(0)
-x, y = torch.randn(64 * 40, 1, 28, 28), torch.randint(0, 10, (64 * 40,))
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
-model = nn.Sequential(
-    nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-    nn.Flatten(), nn.Linear(32 * 28 * 28, 10),
-)
-if sys.argv[1] == "learner":
-    doctor = hs.callbacks.Doctor(quiet=True)
-    hs.Learner(model, (loader, None), nn.CrossEntropyLoss(), lr=1e-3, cbs=[doctor], progress=False).fit(3)
-    findings = doctor.findings
-else:
+
+
+def fit(loop):
+    torch.manual_seed(0)
+    x, y = torch.randn(64 * 40, 1, 28, 28), torch.randint(0, 10, (64 * 40,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32 * 28 * 28, 10),
+    )
+    if loop == "learner":
+        doctor = hs.callbacks.Doctor(quiet=True)
+        hs.Learner(model, (loader, None), nn.CrossEntropyLoss(), lr=1e-3, cbs=[doctor], progress=False).fit(3)
+        return doctor.findings
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with hs.watch(model, opt, quiet=True) as w:
         for _ in range(3):
@@ -120,14 +122,19 @@ else:
                 w.log(loss, yb)
                 loss.backward()
                 opt.step()
-    findings = w.findings
-print(json.dumps({f.kind: f.evidence for f in findings}))
+    return w.findings
+
+
+print(json.dumps({loop: {f.kind: f.evidence for f in fit(loop)} for loop in ("learner", "watch")}))
 """
+UNMAPPING = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # every block over 64 KB mapped, and unmapped when freed
 
 
-def run(loop, keep, env):
+def run(keep, env):
+    """The findings of a Learner's fit, then of a loop under ``hs.watch``, in one fresh process (a launch
+    costs as much as a fit) with ``env``; ``keep``: keep_freed_memory() called first."""
     out = subprocess.run(
-        [sys.executable, "-c", TRAIN, loop, keep],
+        [sys.executable, "-c", TRAIN, keep],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -137,15 +144,24 @@ def run(loop, keep, env):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def processes():
+    """Both loops in the three processes: unmapping as is, unmapping with the fix called first, and in the
+    environment the message gives."""
+    fixed = dict(setting.split("=") for setting in FIX.split())
+    return {"as is": run("as is", UNMAPPING), "keep": run("keep", UNMAPPING), "fixed": run("as is", fixed)}
+
+
 @glibc
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("loop", ["learner", "watch"])
-def test_a_process_whose_malloc_unmaps_each_steps_memory_is_named_and_keep_freed_memory_ends_it(loop):
-    unmapping = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # every block over 64 KB mapped, and unmapped when freed
-    found = run(loop, "as is", unmapping)
+def test_a_process_whose_malloc_unmaps_each_steps_memory_is_named_and_keep_freed_memory_ends_it(
+    processes, loop
+):
+    found = processes["as is"][loop]
     assert "page_faults" in found, found
     assert found["page_faults"]["faults_per_step"] >= MIN_FAULTS and found["page_faults"]["share"] >= 0.1
     assert "slow_layers" not in found
-    assert "page_faults" not in run(loop, "keep", unmapping)  # the same process, the fix called first
-    fixed = dict(setting.split("=") for setting in FIX.split())
-    assert "page_faults" not in run(loop, "as is", fixed)  # the environment the message gives
+    assert "page_faults" not in processes["keep"][loop]  # the same process, the fix called first
+    assert "page_faults" not in processes["fixed"][loop]  # the environment the message gives

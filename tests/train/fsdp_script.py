@@ -2,8 +2,9 @@
 
 Under torchrun the model is sharded with ``fully_shard`` (each Linear, then the root) and each of the 2
 ranks takes every other sample of a batch, so together they see the batch one process sees whole. Each
-rank writes ``<out>/rank<r>.pt``: the findings, the gradient norms and update ratios per parameter, the
-last activation statistics per layer, and whether the guard stopped the run.
+rank writes ``<out>/<model>/rank<r>.pt`` for each of the ``--models`` (trained one after the other): the
+findings, the gradient norms and update ratios per parameter, the last activation statistics per layer,
+and whether the guard stopped the run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,7 +42,7 @@ def shard(model: nn.Module) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", choices=list(MODELS), default="dead")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["dead"])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--nan-at", type=int, help="make the inputs NaN from this step on (the guard stops)")
     args = parser.parse_args()
@@ -49,20 +51,33 @@ def main() -> None:
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
+    for name in args.models:  # one after the other: a launch (torch's import, the group) costs more
+        result = train(MODELS[name], args.steps, args.nan_at, rank, world)
+        (args.out / name).mkdir(parents=True, exist_ok=True)
+        torch.save(result, args.out / name / f"rank{rank}.pt")
+    if world > 1:
+        # no rank tears down the group while its peer still talks to it; not gloo's barrier(), whose
+        # worker thread can free FSDP2's last all-gather after the interpreter began to finalize (abort)
+        dist.monitored_barrier()
+        dist.destroy_process_group()
+
+
+def train(build: Callable[[], nn.Module], steps: int, nan_at: int | None, rank: int, world: int) -> dict:
+    """``steps`` steps of the model ``build`` makes under ``hs.watch``, the inputs NaN from ``nan_at``."""
     torch.manual_seed(0)
-    model = MODELS[args.model]()
+    model = build()
     if world > 1:
         shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_func = nn.CrossEntropyLoss()
     stopped = None
-    w = hs.watch(model, opt, quiet=True, check_every=3, guard=args.nan_at is not None)
+    w = hs.watch(model, opt, quiet=True, check_every=3, guard=nan_at is not None)
     try:
         with w:
             for x, y in faults.digits_flat().train:
-                if w.step >= args.steps:
+                if w.step >= steps:
                     break
-                if args.nan_at is not None and w.step >= args.nan_at:
+                if nan_at is not None and w.step >= nan_at:
                     x = torch.full_like(x, float("nan"))
                 loss = loss_func(model(x[rank::world]), y[rank::world])
                 w.log(loss)
@@ -71,7 +86,7 @@ def main() -> None:
                 opt.zero_grad()
     except NonFiniteError as err:
         stopped = (err.step, err.reason)
-    result = {
+    return {
         "findings": [(f.kind, f.module, f.step, f.severity) for f in w.findings],
         "params": {
             name: [(r.step, r.grad_norm, r.update_ratio) for r in records]
@@ -89,13 +104,6 @@ def main() -> None:
         },
         "stopped": stopped,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    torch.save(result, args.out / f"rank{rank}.pt")
-    if world > 1:
-        # no rank tears down the group while its peer still talks to it; not gloo's barrier(), whose
-        # worker thread can free FSDP2's last all-gather after the interpreter began to finalize (abort)
-        dist.monitored_barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -6,70 +6,22 @@ on ``distributed_script.py`` and has a timeout, so a hang fails instead of block
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from launch import ENV, SCRIPT, TORCHRUN, kill_9_at_step_7, one_process, results, torchrun, two_processes
 
 from hookscope.train import distributed
 
-SCRIPT = Path(__file__).with_name("distributed_script.py")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # Weights of 2 processes x batch 12 against 1 process x batch 24 after 10 SGD steps: the gradient average
 # over ranks rounds differently from the mean over one batch (measured difference ~1.5e-8).
 TOLERANCE = 1e-6
 
 pytestmark = pytest.mark.usefixtures("deterministic")
-
-
-def torchrun(*args: str, nproc: int = 2, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    """Run ``args`` (a script and its options, or ``-m module ...``) under torchrun."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=ENV, check=False
-    )
-
-
-def script(out: Path, *options: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    """Run the test script under torchrun; fail with its output when it fails."""
-    done = torchrun(str(SCRIPT), "--out", str(out), *options, nproc=nproc)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-def results(out: Path, nproc: int = 2) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
-
-
-def kill_9_at_step_7(command: list[str], out: Path) -> None:
-    """Run the torchrun ``command`` (the script with ``--out out``) until both ranks paused after step 7,
-    then kill -9 the launcher and both ranks."""
-    job = subprocess.Popen(
-        [*command, "--pause-at", "7"],
-        env=ENV,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    ranks: list[int] = []
-    try:
-        paused = [out / "paused0", out / "paused1"]
-        deadline = time.monotonic() + 150
-        while not all(p.exists() for p in paused) and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.2)
-        assert all(p.exists() for p in paused), "the job never reached step 7"
-        time.sleep(0.2)  # the ids are written
-        ranks += [int(p.read_text()) for p in paused]
-    finally:
-        # torchrun starts each rank in a session of its own: kill the launcher and both ranks at once
-        for pid in [job.pid, *ranks]:
-            os.kill(pid, signal.SIGKILL)
-        job.wait()
 
 
 # ---- in one process ----------------------------------------------------------------------------------
@@ -97,18 +49,11 @@ def test_validation_shards_hold_every_sample_once_without_padding() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_processes_train_as_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
-    one = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--batch-size", "24"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=ENV,
-        check=False,
-    )
-    assert one.returncode == 0, one.stderr
-    script(tmp_path / "two", "--batch-size", "12")
-    (single,) = results(tmp_path / "one", nproc=1)
+def test_two_processes_train_as_one_process_with_the_same_global_batch(
+    tmp_path: Path, whole_batch: dict
+) -> None:
+    two_processes(SCRIPT, tmp_path / "two", "--batch-size", "12")
+    single = whole_batch
     rank0, rank1 = results(tmp_path / "two")
     assert (single["world"], rank0["world"]) == (1, 2)
     assert single["n_iter"] == rank0["n_iter"] == 5  # 120 samples: 5 batches of 24, or 5 of 12 per rank
@@ -124,16 +69,8 @@ def test_two_processes_train_as_one_process_with_the_same_global_batch(tmp_path:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_statistics_are_reduced_to_those_of_the_whole_batch(tmp_path: Path) -> None:
-    one = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--batch-size", "24", "--doctor"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=ENV,
-        check=False,
-    )
-    assert one.returncode == 0, one.stderr
-    script(tmp_path / "two", "--batch-size", "12", "--doctor")
+    one_process(SCRIPT, tmp_path / "one", "--batch-size", "24", "--doctor")
+    two_processes(SCRIPT, tmp_path / "two", "--batch-size", "12", "--doctor")
     (single,) = results(tmp_path / "one", nproc=1)
     rank0, rank1 = results(tmp_path / "two")
     assert list(rank0["stats"]) == ["0", "1", "2", "3"]  # the user's names: no DDP "module." prefix
@@ -147,7 +84,9 @@ def test_statistics_are_reduced_to_those_of_the_whole_batch(tmp_path: Path) -> N
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_nan_on_one_rank_is_found_and_named_on_both(tmp_path: Path) -> None:
-    done = script(tmp_path, "--doctor", "--fault", "nan", "--fault-rank", "1", "--fault-step", "3")
+    done = two_processes(
+        SCRIPT, tmp_path, "--doctor", "--fault", "nan", "--fault-rank", "1", "--fault-step", "3"
+    )
     rank0, rank1 = results(tmp_path)
     assert rank0["guard"] == rank1["guard"]
     assert rank0["guard"]["step"] == 3 and rank0["guard"]["reason"] in {"activation", "loss"}
@@ -174,10 +113,10 @@ def test_an_error_on_one_rank_ends_both_with_the_error_printed_once(tmp_path: Pa
 @pytest.mark.timeout(400)
 def test_kill_9_then_resume_gives_the_uninterrupted_weights_bitwise(tmp_path: Path) -> None:
     options = ["--shuffle", "--dropout", "0.3", "--epochs", "3", "--every", "3"]
-    script(tmp_path / "whole", *options, "--checkpoints", str(tmp_path / "ckpt-whole"))
+    two_processes(SCRIPT, tmp_path / "whole", *options, "--checkpoints", str(tmp_path / "ckpt-whole"))
 
     out, ckpt = tmp_path / "cut", tmp_path / "ckpt-cut"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*TORCHRUN, "--nproc-per-node=2"]
     command += [str(SCRIPT), "--out", str(out), *options, "--checkpoints", str(ckpt)]
     kill_9_at_step_7(command, out)
     saved = torch.load(ckpt / "last.pt", weights_only=True)
@@ -201,7 +140,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_weights_bitwise(tmp_path: Pa
 @pytest.mark.timeout(300)
 def test_ctrl_c_saves_on_every_rank_and_exits(tmp_path: Path) -> None:
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*TORCHRUN, "--nproc-per-node=2"]
     command += [str(SCRIPT), "--out", str(out), "--epochs", "3", "--checkpoints", str(ckpt), "--every", "100"]
     job = subprocess.Popen(
         [*command, "--pause-at", "7", "--pause-for", "3"],

@@ -7,14 +7,12 @@ gradient are those of the whole tensor, never one rank's shard.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
-from test_distributed import ENV, kill_9_at_step_7, torchrun
+from launch import SCRIPT, TORCHRUN, kill_9_at_step_7, one_process, results, two_processes
 
 WATCH = Path(__file__).with_name("fsdp_script.py")
 # Norms of 2 shards' squares added, against one norm over the whole tensor (float32): measured ~5e-7.
@@ -23,39 +21,27 @@ NORM_RTOL = 1e-5
 pytestmark = pytest.mark.usefixtures("deterministic")
 
 
-def one_process(script: Path, out: Path, *options: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(script), "--out", str(out), *options],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=ENV,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+FAULTS = {"dead": ("dead_units", "3"), "exploding": ("exploding_gradient", "7")}
 
 
-def two_processes(script: Path, out: Path, *options: str) -> None:
-    done = torchrun(str(script), "--out", str(out), *options)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def results(out: Path, nproc: int = 2) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+@pytest.fixture(scope="module")
+def faulty_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both faulty models trained in one process, then sharded on 2 ranks: one launch each for both."""
+    out = tmp_path_factory.mktemp("fsdp-faults")
+    one_process(WATCH, out / "one", "--models", *FAULTS)
+    two_processes(WATCH, out / "two", "--models", *FAULTS)
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(
-    ("model", "kind", "module"), [("dead", "dead_units", "3"), ("exploding", "exploding_gradient", "7")]
-)
+@pytest.mark.parametrize("model", list(FAULTS))
 def test_a_fault_in_a_sharded_model_is_found_on_every_rank_as_in_one_process(
-    tmp_path: Path, model: str, kind: str, module: str
+    faulty_runs: Path, model: str
 ) -> None:
-    one_process(WATCH, tmp_path / "one", "--model", model)
-    two_processes(WATCH, tmp_path / "two", "--model", model)
-    (single,) = results(tmp_path / "one", nproc=1)
-    rank0, rank1 = results(tmp_path / "two")
+    kind, module = FAULTS[model]
+    (single,) = results(faulty_runs / "one" / model, nproc=1)
+    rank0, rank1 = results(faulty_runs / "two" / model)
     assert (kind, module) in [(k, m) for k, m, _, _ in rank0["findings"]]
     assert rank0["findings"] == rank1["findings"] == single["findings"]
     assert rank0["params"] == rank1["params"]
@@ -74,8 +60,8 @@ def test_a_fault_in_a_sharded_model_is_found_on_every_rank_as_in_one_process(
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_guard_stops_every_rank_of_a_sharded_model_at_the_same_step(tmp_path: Path) -> None:
-    two_processes(WATCH, tmp_path, "--model", "plain", "--nan-at", "3")
-    rank0, rank1 = results(tmp_path)
+    two_processes(WATCH, tmp_path, "--models", "plain", "--nan-at", "3")
+    rank0, rank1 = results(tmp_path / "plain")
     assert rank0["stopped"] == rank1["stopped"] == (3, "activation")
     assert rank0["findings"] == rank1["findings"]
     assert [k for k, *_ in rank0["findings"]] == ["nonfinite"]
@@ -83,7 +69,6 @@ def test_the_guard_stops_every_rank_of_a_sharded_model_at_the_same_step(tmp_path
 
 # ---- the Learner -----------------------------------------------------------------------------------------
 
-TRAIN = Path(__file__).with_name("distributed_script.py")
 # 2 ranks x batch 12 sharded against 1 process x batch 24 (the task's bound; measured ~1.5e-8).
 WEIGHT_ATOL = 1e-5
 
@@ -99,11 +84,12 @@ def assert_trains_as_one_process(single: dict, rank0: dict, rank1: dict) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_the_learner_shards_with_fsdp2_and_trains_as_one_process_on_the_whole_batch(tmp_path: Path) -> None:
-    one_process(TRAIN, tmp_path / "one", "--batch-size", "24")
-    (single,) = results(tmp_path / "one", nproc=1)
-    two_processes(TRAIN, tmp_path / "learner", "--batch-size", "12", "--shard")
-    two_processes(TRAIN, tmp_path / "user", "--batch-size", "12", "--fsdp")  # sharded by the user
+def test_the_learner_shards_with_fsdp2_and_trains_as_one_process_on_the_whole_batch(
+    tmp_path: Path, whole_batch: dict
+) -> None:
+    single = whole_batch
+    two_processes(SCRIPT, tmp_path / "learner", "--batch-size", "12", "--shard")
+    two_processes(SCRIPT, tmp_path / "user", "--batch-size", "12", "--fsdp")  # sharded by the user
     for out in ("learner", "user"):
         rank0, rank1 = results(tmp_path / out)
         assert rank0["sharded"] and not single["sharded"]
@@ -112,12 +98,11 @@ def test_the_learner_shards_with_fsdp2_and_trains_as_one_process_on_the_whole_ba
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_accumulated_micro_batches_reduce_gradients_once_per_step(tmp_path: Path) -> None:
-    one_process(TRAIN, tmp_path / "one", "--batch-size", "24")
-    (single,) = results(tmp_path / "one", nproc=1)
+def test_accumulated_micro_batches_reduce_gradients_once_per_step(tmp_path: Path, whole_batch: dict) -> None:
+    single = whole_batch
     # 2 ranks x 2 micro-batches of 6: 24 samples per optimizer step, as in one process
-    two_processes(TRAIN, tmp_path / "fsdp", "--batch-size", "6", "--accumulate", "2", "--shard")
-    two_processes(TRAIN, tmp_path / "ddp", "--batch-size", "6", "--accumulate", "2")
+    two_processes(SCRIPT, tmp_path / "fsdp", "--batch-size", "6", "--accumulate", "2", "--shard")
+    two_processes(SCRIPT, tmp_path / "ddp", "--batch-size", "6", "--accumulate", "2")
     # FSDP2: one reduce-scatter per unit (the Linear layers 0 and 3) per step; DDP: one bucket per step
     for out, per_step in (("fsdp", 2), ("ddp", 1)):
         rank0, rank1 = results(tmp_path / out)
@@ -129,7 +114,7 @@ def test_accumulated_micro_batches_reduce_gradients_once_per_step(tmp_path: Path
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mixed_precision_reaches_the_sharding_as_fsdp2s_policy(tmp_path: Path) -> None:
-    two_processes(TRAIN, tmp_path, "--batch-size", "12", "--shard", "--bf16")
+    two_processes(SCRIPT, tmp_path, "--batch-size", "12", "--shard", "--bf16")
     rank0, rank1 = results(tmp_path)
     assert rank0["param_dtype"] == rank1["param_dtype"] == "torch.bfloat16"
     assert all(torch.isfinite(w).all() for w in rank0["weights"].values())
@@ -139,7 +124,7 @@ def test_mixed_precision_reaches_the_sharding_as_fsdp2s_policy(tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_float16_skips_a_step_on_every_rank_when_one_shards_gradient_overflows(tmp_path: Path) -> None:
-    two_processes(TRAIN, tmp_path, "--batch-size", "12", "--shard", "--fp16", "--fault", "inf-grad")
+    two_processes(SCRIPT, tmp_path, "--batch-size", "12", "--shard", "--fp16", "--fault", "inf-grad")
     rank0, rank1 = results(tmp_path)
     assert rank0["param_dtype"] == "torch.float16"
     # the Inf is in rank 1's part only; both ranks skip that step and halve the scale, once
@@ -158,11 +143,11 @@ RUN = ["--shuffle", "--dropout", "0.3", "--epochs", "3", "--every", "3", "--doct
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_a_sharded_run_killed_with_9_resumes_exactly_from_its_dcp_checkpoint(tmp_path: Path) -> None:
-    two_processes(TRAIN, tmp_path / "whole", *RUN, "--shard", "--checkpoints", str(tmp_path / "ckpt-whole"))
+    two_processes(SCRIPT, tmp_path / "whole", *RUN, "--shard", "--checkpoints", str(tmp_path / "ckpt-whole"))
     cut, ckpt = tmp_path / "cut", tmp_path / "ckpt-cut"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*TORCHRUN, "--nproc-per-node=2"]
     kill_9_at_step_7(
-        [*command, str(TRAIN), "--out", str(cut), *RUN, "--shard", "--checkpoints", str(ckpt)], cut
+        [*command, str(SCRIPT), "--out", str(cut), *RUN, "--shard", "--checkpoints", str(ckpt)], cut
     )
     saved = torch.load(ckpt / "last.pt", weights_only=True)  # the learner file: plain values only
     assert saved["position"]["training_step"] == 6 and len(saved["ranks"]) == 2
@@ -172,7 +157,7 @@ def test_a_sharded_run_killed_with_9_resumes_exactly_from_its_dcp_checkpoint(tmp
         "__1_0.distcp",
     ]
 
-    two_processes(TRAIN, cut, *RUN, "--shard", "--checkpoints", str(ckpt), "--resume")
+    two_processes(SCRIPT, cut, *RUN, "--shard", "--checkpoints", str(ckpt), "--resume")
     whole, resumed = results(tmp_path / "whole"), results(cut)
     for rank in range(2):
         for name, weight in whole[rank]["weights"].items():
@@ -189,10 +174,10 @@ def test_dcp_checkpoints_reshard_from_two_ranks_to_one_and_from_one_to_two(tmp_p
     # 2 -> 1: the sharded run's last checkpoint (after its last epoch) loads into the plain model
     options = ["--epochs", "2", "--every", "100"]
     two_processes(
-        TRAIN, tmp_path / "two", *options, "--shard", "--checkpoints", str(tmp_path / "ck2"), "--export"
+        SCRIPT, tmp_path / "two", *options, "--shard", "--checkpoints", str(tmp_path / "ck2"), "--export"
     )
     exported = safetensors.torch.load_file(tmp_path / "two" / "model.safetensors")  # one plain file
-    one_process(TRAIN, tmp_path / "two-to-one", *options, "--checkpoints", str(tmp_path / "ck2"), "--resume")
+    one_process(SCRIPT, tmp_path / "two-to-one", *options, "--checkpoints", str(tmp_path / "ck2"), "--resume")
     (loaded,) = results(tmp_path / "two-to-one", nproc=1)
     for name, weight in results(tmp_path / "two")[0]["weights"].items():
         assert torch.equal(loaded["weights"][name], weight), name
@@ -200,9 +185,9 @@ def test_dcp_checkpoints_reshard_from_two_ranks_to_one_and_from_one_to_two(tmp_p
     assert not loaded["sharded"]
 
     # 1 -> 2: a one-process checkpoint written through DCP loads into the sharded model on 2 ranks
-    one_process(TRAIN, tmp_path / "one", *options, "--dcp", "--checkpoints", str(tmp_path / "ck1"))
+    one_process(SCRIPT, tmp_path / "one", *options, "--dcp", "--checkpoints", str(tmp_path / "ck1"))
     two_processes(
-        TRAIN,
+        SCRIPT,
         tmp_path / "one-to-two",
         *options,
         "--shard",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import ENV, SCRIPT
+from launch import ENV, SCRIPT
 
 
 def free_port() -> int:
