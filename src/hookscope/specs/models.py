@@ -84,6 +84,8 @@ def _import_file(path_text: str, spec: str) -> object:
         raise SpecError(f"model spec {spec!r}: {path} cannot be imported as Python; give a .py file")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module
+    # run as `python file.py` runs a script: no __pycache__ left beside the user's file
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         loader_spec.loader.exec_module(module)
     except Exception as err:
@@ -91,6 +93,8 @@ def _import_file(path_text: str, spec: str) -> object:
         raise SpecError(
             f"model spec {spec!r}: importing {path} failed ({type(err).__name__}: {err})"
         ) from err
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     return module
 
 
