@@ -9,7 +9,7 @@ import torch
 from timing_loops import Feed, cnn, in_memory, run, stall_every, train
 
 from hookscope.doctor.timing.phases import COLUMNS, PHASES
-from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, isolated, period, step_stalls
+from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, carrying, isolated, period, step_stalls
 
 
 def test_a_periodic_stall_is_found_with_its_period():
@@ -111,3 +111,29 @@ def test_a_stall_beside_a_much_shorter_one_still_counts():
     assert isolated(spell) == []
     save, hiccup = stall(24, 0.3), stall(25, 0.033)
     assert isolated([save, hiccup, *spell]) == [save]
+
+
+def test_a_busy_machines_short_hiccups_leave_the_period():
+    """A 0.3 s stall every 25 steps with two 30 ms hiccups of a busy machine between them (a fresh
+    clone's full suite here: 6 stalls, the period lost) is still every 25 steps; stalls alike at irregular
+    steps, or hiccups that are most of the stalls, make no period."""
+    steps = np.arange(110)
+    rows = np.zeros((len(steps), len(COLUMNS)))
+    forward = PHASES.index("forward")
+    rows[:, forward] = 0.006
+
+    def stall(step, seconds):
+        return Stall(step, seconds, 0.006, forward, 0.0, ())
+
+    beat = [stall(step, 0.3) for step in (25, 50, 75, 100)]
+    hiccups = [stall(37, 0.036), stall(88, 0.04)]
+    stalls = sorted([*beat, *hiccups], key=lambda s: s.step)
+    assert period([s.step for s in stalls]) is None  # the gaps 12, 13, 25, 13, 12: no common one
+    assert carrying(stalls) == [25, 50, 75, 100]
+    found = step_stalls(stalls, steps, rows, None)
+    assert found.evidence["period"] == 25 and found.evidence["stalls"] == 6
+    assert "every 25 steps (2 far shorter between them: a busy machine's)" in found.message
+    irregular = [stall(step, 0.3) for step in (12, 31, 47, 80, 93)]
+    assert step_stalls([*irregular, *hiccups], steps, rows, None).evidence["period"] is None
+    many = [stall(step, 0.036) for step in (5, 17, 40, 63, 70, 94)]
+    assert sorted(carrying([*many, beat[0]])) == [5, 17, 25, 40, 63, 70, 94]

@@ -14,11 +14,12 @@ keeps what was running: the phase where its extra time went, the garbage collect
 that took half its extra time or more (``callback Logger.after_batch``).
 
 :func:`step_stalls` reports them when they are periodic — :data:`MIN_PERIODIC` or more stalls, most gaps
-between them equal — and take at least :data:`PERIODIC_SHARE` of the time, or, not periodic, when
-:data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the recent steps). Only
-isolated stalls count: consecutive slow steps alike are a busy machine slowing the run down for a while
-(the cores taken by another process), and a busy machine's odd slow step stays below both bars; a stall
-beside a much shorter one (a hiccup of the machine next to a save) still counts.
+between them equal (read among the stalls that carry the time: a busy machine's far shorter hiccup
+between two does not split their gap) — and take at least :data:`PERIODIC_SHARE` of the time, or, not
+periodic, when :data:`MIN_STALLS` or more take at least :data:`SHARE` of the time (counted over the
+recent steps). Only isolated stalls count: consecutive slow steps alike are a busy machine slowing the
+run down for a while (the cores taken by another process), and a busy machine's odd slow step stays
+below both bars; a stall beside a much shorter one (a hiccup of the machine next to a save) still counts.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ MIN_PERIODIC = 4
 PERIODIC_SHARE = 0.02
 KEPT = 512
 NEIGHBOUR = 0.5  # of a stall's extra time: a neighbouring stall that long makes both a slow spell
+MINOR = 0.25  # of the stalls' median extra time: a stall that short is a hiccup, not on the period's beat
 REBASE = 32  # new steps judged against one baseline before it is computed again
 CALLBACK = "callback "  # how a note names a callback event that took a stall's time
 
@@ -164,6 +166,16 @@ def isolated(stalls: list[Stall]) -> list[Stall]:
     ]
 
 
+def carrying(stalls: list[Stall]) -> list[int]:
+    """The steps of the stalls that carry the time, where a period is read: a hiccup of a busy machine
+    far shorter than the usual stall (under :data:`MINOR` of the stalls' median extra time) would split
+    the gaps between two periodic stalls. When the hiccups are most stalls, the median is theirs and
+    every stall is kept."""
+    extras = [s.seconds - s.usual for s in stalls]
+    floor = MINOR * float(np.median(extras))
+    return [s.step for s, extra in zip(stalls, extras, strict=True) if extra >= floor]
+
+
 CHECKPOINT_SAVE = "checkpoint save"  # the note a Checkpoint callback leaves on the step it saves in
 SAVES_SHARE = 0.75  # of the stalls' extra time, in checkpoint saves: the stalls are the saves' price (info)
 EAGER_STEP = "a recorded step, run eagerly"  # a compiled model's step the doctor records: its own cost
@@ -183,7 +195,7 @@ def step_stalls(
     total_time = float(rows[:, :STEP_PHASES].sum())
     extra = sum(s.seconds - s.usual for s in recent)
     share = extra / max(total_time, 1e-12)
-    every = period([s.step for s in recent])
+    every = period(carrying(recent))
     periodic = every is not None and len(recent) >= MIN_PERIODIC and share >= PERIODIC_SHARE
     if not periodic and (len(recent) < MIN_STALLS or share < SHARE):
         return None
@@ -208,6 +220,9 @@ def _message(
     seconds = float(np.median([s.seconds for s in recent]))
     usual = float(np.median([s.usual for s in recent]))
     when = f"every {every} steps" if every else "at irregular steps"
+    off_beat = n - len(carrying(recent))
+    if every and off_beat:
+        when += f" ({off_beat} far shorter between them: a busy machine's)"
     listed = ", ".join(str(s.step) for s in recent[:6]) + (", ..." if n > 6 else "")
     text = (
         f"{n} of the last {seen} steps stalled, {when} (steps {listed}): {_ms(seconds)} instead of the "
