@@ -132,7 +132,8 @@ def test_a_busy_machines_short_hiccups_leave_the_period():
     assert carrying(stalls) == [25, 50, 75, 100]
     found = step_stalls(stalls, steps, rows, None)
     assert found.evidence["period"] == 25 and found.evidence["stalls"] == 6
-    assert "every 25 steps (2 far shorter between them: a busy machine's)" in found.message
+    assert "every 25 steps (steps 25, 37, 50, 75, 88, 100)" in found.message
+    assert "2 of them, far shorter, fall between the beats: a busy machine's hiccups." in found.message
     irregular = [stall(step, 0.3) for step in (12, 31, 47, 80, 93)]
     assert step_stalls([*irregular, *hiccups], steps, rows, None).evidence["period"] is None
     many = [stall(step, 0.036) for step in (5, 17, 40, 63, 70, 94)]

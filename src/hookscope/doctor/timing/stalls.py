@@ -220,14 +220,14 @@ def _message(
     seconds = float(np.median([s.seconds for s in recent]))
     usual = float(np.median([s.usual for s in recent]))
     when = f"every {every} steps" if every else "at irregular steps"
-    off_beat = n - len(carrying(recent))
-    if every and off_beat:
-        when += f" ({off_beat} far shorter between them: a busy machine's)"
     listed = ", ".join(str(s.step) for s in recent[:6]) + (", ..." if n > 6 else "")
     text = (
         f"{n} of the last {seen} steps stalled, {when} (steps {listed}): {_ms(seconds)} instead of the "
         f"usual {_ms(usual)}, {share:.0%} of the time. "
     )
+    off_beat = n - len(carrying(recent))
+    if every and off_beat:
+        text += f"{off_beat} of them, far shorter, fall between the beats: a busy machine's hiccups. "
     phase = Counter(s.phase for s in recent).most_common(1)[0][0]
     text += f"The extra time went to {_PHASE_WORDS[PHASES[phase]]}. "
     running, fix = _who(recent, phase, every, epoch_length)
