@@ -15,10 +15,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e ".[vision]"
 	touch $@
 
-# --no-compile: pip byte-compiles every file it installs, one after the other (104 of the 201 s this
-# install took on 2 cores); the test run compiles only the modules it imports, once, and keeps them.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(PY)
-	$(PIP) --no-compile -e ".[vision,dev,integrations,trackers,pruning,bench]"
+	$(PIP) -e ".[vision,dev,integrations,trackers,pruning,bench]"
 	touch $@ $(VENV)/.installed
 
 # `hookscope train` with its defaults: digits, a small CNN, the doctor and statistics; ends by printing the
@@ -32,10 +30,8 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 		|| echo "warning: chromium could not be installed; tests/viz/test_report.py will be skipped" >&2
 
-# The compiled modules are written even where PYTHONDONTWRITEBYTECODE is set: else every process the
-# tests start would compile torch again.
 test: $(VENV)/.installed-dev browser
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+	$(PY) -m pytest
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
