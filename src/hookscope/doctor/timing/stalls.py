@@ -195,7 +195,8 @@ def step_stalls(
     total_time = float(rows[:, :STEP_PHASES].sum())
     extra = sum(s.seconds - s.usual for s in recent)
     share = extra / max(total_time, 1e-12)
-    every = period(carrying(recent))
+    beats = carrying(recent)
+    every = period(beats)
     periodic = every is not None and len(recent) >= MIN_PERIODIC and share >= PERIODIC_SHARE
     if not periodic and (len(recent) < MIN_STALLS or share < SHARE):
         return None
@@ -208,14 +209,20 @@ def step_stalls(
         "",
         recent[-1].step,
         "info" if saved >= SAVES_SHARE * extra else "warning",
-        _message(recent, share, every, epoch_length, len(steps)),
+        _message(recent, share, every, len(recent) - len(beats), epoch_length, len(steps)),
         _evidence(recent, share, every),
     )
 
 
 def _message(
-    recent: list[Stall], share: float, every: int | None, epoch_length: int | None, seen: int
+    recent: list[Stall],
+    share: float,
+    every: int | None,
+    off_beat: int,
+    epoch_length: int | None,
+    seen: int,
 ) -> str:
+    """The finding's words; ``off_beat`` stalls fall between the beats of the period ``every``."""
     n = len(recent)
     seconds = float(np.median([s.seconds for s in recent]))
     usual = float(np.median([s.usual for s in recent]))
@@ -225,7 +232,6 @@ def _message(
         f"{n} of the last {seen} steps stalled, {when} (steps {listed}): {_ms(seconds)} instead of the "
         f"usual {_ms(usual)}, {share:.0%} of the time. "
     )
-    off_beat = n - len(carrying(recent))
     if every and off_beat:
         text += f"{off_beat} of them, far shorter, fall between the beats: a busy machine's hiccups. "
     phase = Counter(s.phase for s in recent).most_common(1)[0][0]
