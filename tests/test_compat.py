@@ -76,6 +76,24 @@ def test_flag_non_finite_sets_the_flag_for_a_nan_or_inf_and_leaves_the_values_an
     assert not compat.flag_non_finite_([sparse], found, one) and found.item() == 0.0
 
 
+@pytest.mark.parametrize("make", [torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad])
+def test_a_fused_optimizer_handed_a_set_flag_changes_neither_its_parameters_nor_its_state(make):
+    param = nn.Parameter(torch.ones(3))
+    opt = make([param], lr=0.1, fused=True)
+    assert compat.skips_steps_on_device(opt) and not compat.skips_steps_on_device(make([param], lr=0.1))
+    param.grad = torch.ones(3)
+    opt.step()  # a first step: the state exists
+    before = (param.detach().clone(), {k: v.clone() for k, v in opt.state[param].items()})
+    compat.skip_step_if(opt, torch.ones(()))
+    opt.step()
+    assert torch.equal(param, before[0])
+    assert all(torch.equal(v, before[1][k]) for k, v in opt.state[param].items())
+    compat.skip_step_if(opt, None)
+    assert not hasattr(opt, "found_inf") and not hasattr(opt, "grad_scale")
+    opt.step()
+    assert not torch.equal(param, before[0])
+
+
 def test_hook_dict_of_follows_registration_and_owner_lifetime():
     module = nn.Linear(2, 2)
     handle = module.register_forward_hook(lambda *args: None)

@@ -41,6 +41,8 @@ __all__ = [
     "is_compiled_module",
     "on_compile_end",
     "recompile_limit",
+    "skip_step_if",
+    "skips_steps_on_device",
     "tensor_version",
     "uncompiled",
 ]
@@ -102,6 +104,35 @@ def flag_non_finite_(tensors: Sequence[torch.Tensor], found: torch.Tensor, one: 
     except (NotImplementedError, RuntimeError):
         return False
     return True
+
+
+# --------------------------------------------------------------------------- steps skipped on the device
+
+
+def skips_steps_on_device(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt.step()`` can leave its update out on the device, from a flag it is handed
+    (:func:`skip_step_if`): the fused optimizers (``fused=True``: Adam, AdamW, SGD, Adagrad) say so to
+    ``GradScaler`` with ``_step_supports_amp_scaling``.
+
+    Checked on 2.14.1; the attribute and the fused optimizers' ``found_inf`` exist since torch 2.0.
+    """
+    return bool(getattr(opt, "_step_supports_amp_scaling", False))
+
+
+def skip_step_if(opt: torch.optim.Optimizer, found: torch.Tensor | None) -> None:
+    """Hand ``opt`` the float32 0-d ``found`` on its parameters' device: its next ``step()`` changes
+    neither the parameters nor its state (moments, step counts) where ``found`` is not 0, decided on the
+    device, with no host read. It is what ``GradScaler.step`` hands a fused optimizer, with ``grad_scale``
+    None (the gradients are not scaled). ``None`` takes the flag back.
+
+    Checked on 2.14.1: ``torch/optim/adam.py``, ``sgd.py`` and ``adagrad.py`` read both attributes with
+    ``getattr`` at each step.
+    """
+    if found is None:
+        opt.__dict__.pop("grad_scale", None)
+        opt.__dict__.pop("found_inf", None)
+        return
+    opt.grad_scale, opt.found_inf = None, found
 
 
 # ------------------------------------------------------------------------------------------------- hooks

@@ -238,6 +238,8 @@ class Doctor(Callback):
             self.engine.log_epoch(self.learn.epoch, self.learn.training_step, train, valid)
 
     def after_cancel_fit(self) -> None:
+        if self.guard is not None:
+            self.guard.read_late(stop=False)  # its step in flight, when another callback cancelled the fit
         if self.guard is not None and self.guard.report is not None:
             self.engine.report_nonfinite(self.guard.report, self.guard.stopped_at or 0, self.guard.reason)
 

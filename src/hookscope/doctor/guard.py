@@ -68,9 +68,10 @@ class NonFiniteCheck:
         self._fused = True  # the fused check takes these tensors (not sparse ones): tried once per attach
 
     def attach(self, model: nn.Module) -> None:
-        """Hook the selected modules; values of an earlier run are dropped."""
+        """Hook the selected modules; values and a set flag of an earlier run are dropped."""
         self._hooks.remove()
         self.clear()
+        self._flag = None
         self._fused = True
         if self.select is False:
             return
@@ -100,10 +101,27 @@ class NonFiniteCheck:
         if finite:
             self.clear()
             return None
-        norms = _largest(grads) if grads else []
-        oks = torch.stack([_finite(kind, device) for kind in (self.extremes, self.losses, norms)])
-        failed = ~_on_every_rank(oks)
-        return CHECKS[int(failed.nonzero()[0])]
+        return _failed_kind(self.extremes, self.losses, device)
+
+    def flag(self, params: Iterable[nn.Parameter], device: torch.device) -> LateVerdict | None:
+        """The decision without a host read: the fused check of what was kept and of every present
+        gradient sets a flag on ``device`` that stays set once a value was not finite. A fused
+        optimizer handed it (:func:`compat.skip_step_if`) leaves this step's update, and every later
+        one, out on the device; the returned :class:`LateVerdict` is read at the next step, when the
+        device is done with this one. None, with nothing done, under torchrun or where the fused check
+        does not take these tensors (sparse gradients): :meth:`decide` then."""
+        if several_ranks() or not self._fused:
+            return None
+        tensors = [*self.extremes, *self.losses, *local_parts([p.grad for p in params if p.grad is not None])]
+        flag = self._flag_on(device)
+        if tensors:
+            self._fused = compat.flag_non_finite_(tensors, flag.found, flag.one)
+            if not self._fused:
+                return None
+        flag.send()
+        verdict = LateVerdict(flag, self.extremes, self.losses)
+        self.clear()
+        return verdict
 
     def clear(self) -> None:
         self.extremes, self.losses = [], []
@@ -149,6 +167,25 @@ class NonFiniteCheck:
                 self.extremes.extend(torch.aminmax(t.detach()))
         if len(self.extremes) > _MAX_VALUES:
             self.extremes = [_stand_in(_finite(self.extremes, None))]
+
+
+class LateVerdict(NamedTuple):
+    """A step's flag on its way to the host (:meth:`NonFiniteCheck.flag`), and what its step kept, to
+    say which kind failed."""
+
+    flag: _Flag
+    extremes: list[torch.Tensor]
+    losses: list[torch.Tensor]
+
+    def failed(self) -> bool:
+        """Whether a value of the step, or of one before it, was not finite. Read after the next step's
+        work is queued, the device is then done with this one: no wait, or a short one."""
+        return self.flag.received() != 0
+
+    def reason(self) -> str:
+        """Which kind failed first: the activations and losses were kept; a failure that is in neither
+        is in the gradients."""
+        return _failed_kind(self.extremes, self.losses, self.flag.found.device)
 
 
 class _Batch(NamedTuple):
@@ -253,12 +290,32 @@ def _zero_if_finite(values: list[torch.Tensor], device: torch.device) -> torch.T
 
 class _Flag:
     """A float32 0 on ``device`` that :func:`compat.flag_non_finite_` sets to 1 (with ``one``, its scale),
-    and its reader: on the CPU a numpy view (no torch op), on a GPU ``item`` (the guard's one sync)."""
+    and its readers: on the CPU a numpy view (no torch op); on a GPU ``item`` (a host sync), or, for a
+    late read, a copy into pinned host memory sent without blocking and an event that says it arrived."""
 
     def __init__(self, device: torch.device) -> None:
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
-        self._read = self.found.numpy().item if device.type == "cpu" else self.found.item
+        on_cpu = device.type == "cpu"
+        self._read = self.found.numpy().item if on_cpu else self.found.item
+        self._host = None if on_cpu else torch.zeros((), pin_memory=device.type == "cuda")
+        self._sent: torch.Event | None = None
+
+    def send(self) -> None:
+        """Start the flag's way to the host (nothing to do on the CPU)."""
+        if self._host is None:
+            return
+        self._host.copy_(self.found, non_blocking=True)
+        self._sent = torch.Event(self.found.device)
+        self._sent.record()
+
+    def received(self) -> float:
+        """The flag as :meth:`send` sent it, waiting for the copy only if it has not arrived."""
+        if self._host is None:
+            return self._read()
+        if self._sent is not None and not self._sent.query():
+            self._sent.synchronize()
+        return float(self._host.numpy())
 
     def clear_if_set(self) -> bool:
         """Whether the flag is still 0 (nothing non-finite); a set flag is cleared for the next check."""
@@ -266,6 +323,14 @@ class _Flag:
             return True
         self.found.zero_()
         return False
+
+
+def _failed_kind(extremes: list[torch.Tensor], losses: list[torch.Tensor], device: torch.device) -> str:
+    """After a failed check: ``"activation"`` or ``"loss"`` when one of those kept values was not finite
+    (on any rank), else ``"gradient"``, the only other values the check read."""
+    oks = torch.stack([_finite(kind, device) for kind in (extremes, losses)])
+    failed = (~_on_every_rank(oks)).nonzero()
+    return CHECKS[int(failed[0])] if len(failed) else "gradient"
 
 
 def _every_finite(tensors: list[torch.Tensor]) -> bool:

@@ -228,7 +228,11 @@ class Learner:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def create_opt(self) -> None:
-        self.opt = self.opt_func(self.model.parameters(), lr=self.lr)
+        """``learn.opt = opt_func(params, lr=lr)``; the default AdamW is fused on CUDA (see
+        :func:`_fused_default`)."""
+        self.opt = self.opt_func(
+            self.model.parameters(), lr=self.lr, **_fused_default(self.opt_func, self.model)
+        )
 
     def save(self, path: str | Path) -> Path:
         """Write the full state (model, optimizer, callbacks, RNGs, loop position) to ``path`` atomically;
@@ -535,6 +539,17 @@ class _Evaluating:
     def __exit__(self, *exc: object) -> None:
         self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)
+
+
+def _fused_default(opt_func: Callable[..., Any], model: nn.Module) -> dict[str, bool]:
+    """``fused=True`` for the default AdamW when every parameter is a plain floating CUDA tensor (not a
+    sharded one): one kernel per update instead of a dozen, and an optimizer that can leave a non-finite
+    step out on the device, so the NonFiniteGuard reads its verdict without stalling the GPU."""
+    params = list(model.parameters())
+    plain_cuda = bool(params) and all(
+        p.device.type == "cuda" and p.is_floating_point() and type(p.data) is torch.Tensor for p in params
+    )
+    return {"fused": True} if opt_func is torch.optim.AdamW and plain_cuda else {}
 
 
 def _refuse_meta(model: nn.Module) -> None:
