@@ -135,7 +135,9 @@ class NonFiniteGuard(Callback):
     def before_step(self) -> None:
         self.read_late(stop=True)
         learn = self.learn
-        verdict = self.check.flag(self._params, learn.loss.device) if self._late else None
+        # asked again each step: a callback may have swapped learn.opt for one that cannot skip a step
+        late = self._late and compat.skips_steps_on_device(learn.opt)
+        verdict = self.check.flag(self._params, learn.loss.device) if late else None
         if verdict is None:
             reason = self.check.decide(self._params, learn.loss.device)
             if reason is not None:

@@ -296,18 +296,19 @@ class _Flag:
     def __init__(self, device: torch.device) -> None:
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
-        on_cpu = device.type == "cpu"
+        on_cpu, on_cuda = device.type == "cpu", device.type == "cuda"
         self._read = self.found.numpy().item if on_cpu else self.found.item
-        self._host = None if on_cpu else torch.zeros((), pin_memory=device.type == "cuda")
-        self._sent: torch.Event | None = None
+        self._host = None if on_cpu else torch.zeros((), pin_memory=on_cuda)
+        # on other accelerators the copy blocks: without an event, an unfinished copy cannot be told
+        self._sent = torch.Event(device) if on_cuda else None
 
     def send(self) -> None:
         """Start the flag's way to the host (nothing to do on the CPU)."""
         if self._host is None:
             return
-        self._host.copy_(self.found, non_blocking=True)
-        self._sent = torch.Event(self.found.device)
-        self._sent.record()
+        self._host.copy_(self.found, non_blocking=self._sent is not None)
+        if self._sent is not None:
+            self._sent.record()
 
     def received(self) -> float:
         """The flag as :meth:`send` sent it, waiting for the copy only if it has not arrived."""
