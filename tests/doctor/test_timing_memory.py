@@ -68,11 +68,11 @@ def test_the_collectors_time_is_counted_between_takes():
 # ---- the cadence of the reads ----------------------------------------------------------------------------
 
 
-def read_steps(cadence, steps, cost, between):
-    """The steps a cadence reads over ``steps`` steps, each read taking ``cost`` seconds and each step
-    ``between`` seconds (a clock of our own)."""
+def read_steps(cadence, steps, cost, between, start=0):
+    """The steps a cadence reads from ``start`` up to ``steps``, each read taking ``cost`` seconds and each
+    step ``between`` seconds (a clock of our own)."""
     now, read = 0.0, []
-    for step in range(steps):
+    for step in range(start, steps):
         if cadence.due(step):
             read.append(step)
             cadence.read(step, now, now + cost)
@@ -94,6 +94,16 @@ def test_the_dense_samples_are_those_the_rule_reads_after_the_warm_up():
     after = [step for step in read if step >= 10]
     assert read[:3] == [0, 4, 8] and after[:DENSE] == list(range(12, 12 + 4 * DENSE, 4))
     assert after[DENSE + 1] - after[DENSE] == 8  # then the slow read doubles the interval
+
+
+def test_a_resumed_process_samples_densely_again_after_its_own_warm_up():
+    cadence = MemoryCadence(4, adaptive=True, warmup=10)
+    read_steps(cadence, 500, cost=0.01, between=0.001)
+    assert cadence.every == 4 * MAX_FACTOR  # the slow reads had spread the samples out
+    cadence.restart(600, warmup=610)  # resumed at step 600
+    read = read_steps(cadence, 900, cost=0.01, between=0.001, start=600)
+    after = [step for step in read if step >= 610]
+    assert read[:3] == [600, 604, 608] and after[:DENSE] == list(range(612, 612 + 4 * DENSE, 4))
 
 
 def test_a_slow_read_then_doubles_the_interval_up_to_16_times():

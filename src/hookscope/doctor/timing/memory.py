@@ -78,6 +78,11 @@ class MemoryCadence:
     def due(self, step: int) -> bool:
         return step >= self.next
 
+    def restart(self, step: int, warmup: int) -> None:
+        """A resumed process starts at ``step`` and warms up until ``warmup``: read from ``step`` on as at
+        the run's start, densely past the warm-up (the samples the rule reads), at the base interval."""
+        self.warmup, self.taken, self.every, self.next, self._last = warmup, 0, self.base, step, None
+
     def read(self, step: int, started: float, ended: float) -> None:
         """Step ``step`` was read from ``started`` to ``ended`` (seconds of one clock): set the next one."""
         since, self._last = (started - self._last if self._last is not None else None), ended

@@ -184,6 +184,7 @@ class TimingRecorder:
         self._step = step
         if self._judged_from is None:  # the first step after a resume warms up again
             self._judged_from = step + self.warmup
+            self.memory_cadence.restart(step, self._judged_from)
         if not self._forward_seen and self._phase == DATA:
             self._switch(FORWARD)
         if self.host_syncs.active:  # CUDA only
