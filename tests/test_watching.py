@@ -109,6 +109,59 @@ def test_a_backward_only_nan_is_blamed_on_the_backward_node_at_the_doctors_step(
     )
 
 
+FUSED = {"opt_func": lambda params, lr: torch.optim.AdamW(params, lr=lr, fused=True)}
+
+
+def test_read_late_a_backward_nan_raises_at_the_next_step_with_the_weights_of_a_stop_before_it():
+    """With a fused optimizer the guard hands it its flag (the bad update is left out on the device) and
+    reads it when the next step starts: the same error, step, blame and weights as a read before."""
+    outcomes = {}
+    for late in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 32, bias=False), SqrtAbs(), nn.Linear(32, 10))
+        with pytest.raises(NonFiniteError) as caught:
+            _plain_loop(model, dls=digits_flat(zero_row=70), guard=True, late=late, **FUSED)
+        err = caught.value
+        assert (err.step, err.reason, err.report.op) == (1, "gradient", "SqrtBackward0")
+        assert all(p.grad is None for p in model.parameters()) and _hook_count(model) == 0
+        outcomes[late] = model.state_dict()
+    assert all(torch.equal(outcomes[False][k], v) for k, v in outcomes[True].items())
+
+
+def test_read_late_a_fault_in_the_loops_last_step_is_raised_when_the_watch_closes():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10))
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = next(iter(digits_flat().train))
+    watched = hs.watch(model, opt, guard=True, late=True, quiet=True)
+    with pytest.raises(NonFiniteError, match=r"optimizer step 0") as caught, watched:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()  # the update is left out on the device; the verdict is read at the with's end
+    assert caught.value.reason == "activation"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not hasattr(opt, "found_inf")
+
+
+def test_read_late_trains_a_healthy_loop_exactly_as_a_read_before_each_step():
+    ends = []
+    for late in (False, True):
+        torch.manual_seed(0)
+        model = mlp(depth=3)
+        w = _plain_loop(model, guard=True, late=late, **FUSED)
+        assert w.step == 12 and "nonfinite" not in _watch_kinds(w)
+        ends.append(model.state_dict())
+    assert all(torch.equal(ends[0][k], v) for k, v in ends[1].items())
+
+
+def test_read_late_needs_a_fused_optimizer_and_takes_no_folder_lock_when_refused(tmp_path):
+    model = mlp(depth=2)
+    with pytest.raises(ValueError, match=r"hs.watch\(late=True\): AdamW cannot skip a step.*fused=True"):
+        hs.watch(model, torch.optim.AdamW(model.parameters()), guard=True, late=True, path=tmp_path / "run")
+    with hs.watch(model, torch.optim.AdamW(model.parameters()), guard=True, path=tmp_path / "run"):
+        pass  # the refused Watch left neither the folder's lock nor an open Watch behind
+
+
 def test_the_nonfinite_finding_matches_the_doctors():
     torch.manual_seed(0)
     learn = train_with_doctor(nn.Sequential(nn.Linear(64, 32), LogAct(), nn.Linear(32, 10)))

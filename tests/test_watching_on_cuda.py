@@ -23,11 +23,11 @@ pytestmark = pytest.mark.cuda
 STEPS, BATCH = 40, 64
 
 
-def train_watched(**options: object) -> SyncWindow:
+def train_watched(fused: bool = False, **options: object) -> SyncWindow:
     """``STEPS`` optimizer steps of a small CNN on the GPU under ``hs.watch(model, opt, **options)``."""
     torch.manual_seed(0)
     model = small_cnn().cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     x = torch.randn(BATCH * STEPS, 1, 16, 16, device="cuda")
     y = torch.randint(0, 10, (BATCH * STEPS,), device="cuda")
     order = torch.randperm(BATCH * STEPS, device="cuda")
@@ -59,3 +59,7 @@ def test_hs_watch_with_its_guard_makes_the_one_host_sync_of_a_step():
     sites = train_watched(guard=True).sites
     assert {Path(file) for file, _ in sites} == {Path(guard.__file__)}  # its read in the step pre-hook
     assert sum(sites.values()) == LAST - FIRST + 1
+
+
+def test_hs_watch_with_its_guard_and_a_fused_optimizer_makes_no_host_sync_in_a_step():
+    assert train_watched(fused=True, guard=True).sites == {}  # the guard's flag is read a step late

@@ -111,12 +111,13 @@ def flag_non_finite_(tensors: Sequence[torch.Tensor], found: torch.Tensor, one: 
 
 def skips_steps_on_device(opt: torch.optim.Optimizer) -> bool:
     """Whether ``opt.step()`` can leave its update out on the device, from a flag it is handed
-    (:func:`skip_step_if`): the fused optimizers (``fused=True``: Adam, AdamW, SGD, Adagrad) say so to
-    ``GradScaler`` with ``_step_supports_amp_scaling``.
+    (:func:`skip_step_if`), and holds no flag yet: the fused optimizers (``fused=True``: Adam, AdamW,
+    SGD, Adagrad) say so to ``GradScaler`` with ``_step_supports_amp_scaling``; inside
+    ``GradScaler.step`` the optimizer holds the scaler's flag and scale, which must stay.
 
     Checked on 2.14.1; the attribute and the fused optimizers' ``found_inf`` exist since torch 2.0.
     """
-    return bool(getattr(opt, "_step_supports_amp_scaling", False))
+    return bool(getattr(opt, "_step_supports_amp_scaling", False)) and "found_inf" not in vars(opt)
 
 
 def skip_step_if(opt: torch.optim.Optimizer, found: torch.Tensor | None) -> None:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -51,7 +51,7 @@ from hookscope import compat
 from hookscope._deprecation import renamed_keywords
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Findings, Thresholds
-from hookscope.doctor.guard import BatchJournal, NonFiniteCheck, stop_message
+from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, stop_message
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.selection import module_in_training
 from hookscope.hooks.handles import HookSet
@@ -93,12 +93,15 @@ class Watch:
     ``doctor``: run the rules and print findings as they appear (same one-line format as the Doctor);
     ``stats``: record the per-layer statistics (``activations``, ``gradients``, ``param_history``), which
     the doctor reads; ``guard``: check every step for NaN/Inf and raise :class:`NonFiniteError` before a
-    bad update lands. ``select``, ``every``, ``check_every``, ``thresholds`` and ``quiet`` mean what they
-    mean for ``hs.callbacks.Doctor``: by default (``every=None``) the per-layer statistics follow the same
-    adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step. ``path``: a
-    folder that receives, at close, the run folder and ``report.html`` a Learner's ``RunFolder`` writes
-    (an existing run there is refused, as by RunFolder). ``loader``: the training DataLoader, whose
-    settings ``input_bound`` names (see :meth:`watch_loader`).
+    bad update lands. ``late`` says when the guard's verdict is read, as for ``NonFiniteGuard``: None (the
+    default) a step late where ``optimizer`` is a fused one (it then leaves the bad update out on the
+    device) and the model is not on the CPU, so the guard makes no host sync; True a step late on any
+    device; False before each step. ``select``, ``every``, ``check_every``, ``thresholds`` and ``quiet``
+    mean what they mean for ``hs.callbacks.Doctor``: by default (``every=None``) the per-layer statistics
+    follow the same adaptive schedule, cheap enough to leave on; ``every=1`` records every optimizer step.
+    ``path``: a folder that receives, at close, the run folder and ``report.html`` a Learner's
+    ``RunFolder`` writes (an existing run there is refused, as by RunFolder). ``loader``: the training
+    DataLoader, whose settings ``input_bound`` names (see :meth:`watch_loader`).
     """
 
     @renamed_keywords(report="path")
@@ -110,6 +113,7 @@ class Watch:
         doctor: bool = True,
         stats: bool = True,
         guard: bool = False,
+        late: bool | None = None,
         select: Spec = None,
         every: int | None = None,
         check_every: int = 10,
@@ -131,6 +135,7 @@ class Watch:
         self.options: dict[str, Any] = dict(model=type(model).__name__, doctor=doctor, stats=stats)
         self.options |= dict(guard=guard, every=every, check_every=check_every, select=repr(select))
         self.step = 0
+        self._late = guard and _reads_late(optimizer, late, model_device(model))  # before the lock is taken
         # the run folder's writer lock, held from here to the folder's write at close (one writer per folder)
         self._report_lock = _lock_report_folder(path) if path is not None else None
         self.report_path = Path(path) if path is not None else None
@@ -146,6 +151,7 @@ class Watch:
         self._device = model_device(model)
         self._backward_seen = False  # gradients arrived since the last step closed
         self._journal = BatchJournal(self._device)  # the forwards of this step, for the guard's replay
+        self._in_flight: _InFlight | None = None  # the step whose verdict is on its way (read late)
         self._no_checks: list[Callable[[list[Finding]], None]] = []  # after_check without an engine
         self._closed = False
         self._started = time.time()
@@ -235,16 +241,39 @@ class Watch:
         if self._closed:
             return
         if self._guard is not None:
-            reason = self._guard.decide(self._params, self._device)
-            if reason is not None:
-                self._stop(reason)
+            self._read_late()
+            self._judge()
         if self._engine is not None:
             self._engine.gradients_ready()
+
+    def _judge(self) -> None:
+        """The guard's verdict on this step: handed to a fused optimizer and read a step late, or read
+        now (a "no" raises before the step runs)."""
+        assert self._guard is not None
+        opt = self.optimizer
+        late = self._late and opt is not None and compat.skips_steps_on_device(opt)
+        verdict = self._guard.flag(self._params, self._device) if late else None
+        if verdict is None:
+            reason = self._guard.decide(self._params, self._device)
+            if reason is not None:
+                self._stop(reason, self._journal, self.step)
+            return
+        compat.skip_step_if(opt, verdict.flag.found)
+        self._in_flight = _InFlight(verdict, self._journal, self.step)
+        self._journal = BatchJournal(self._device)
+
+    def _read_late(self) -> None:
+        """Read the verdict of the step in flight; a failed one raises :class:`NonFiniteError` for it."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None and flight.verdict.failed():
+            self._stop(flight.verdict.reason(), flight.journal, flight.step)
 
     def step_done(self) -> None:
         """The optimizer stepped: update ratios, close the step, run the rules every ``check_every``."""
         if self._closed:
             return
+        if self._late and self.optimizer is not None:
+            compat.skip_step_if(self.optimizer, None)
         if self._engine is not None:
             self._engine.step_done()
             self._engine.end_batch()
@@ -330,17 +359,20 @@ class Watch:
     def _gradient_arrived(self, param: nn.Parameter) -> None:
         self._backward_seen = True
 
-    def _stop(self, reason: str) -> None:
-        """The guard said no: blame the batch, report it, close, and raise before the step runs."""
+    def _stop(self, reason: str, journal: BatchJournal, step: int) -> None:
+        """The guard said no to ``step``: blame its batches, report it, close, and raise before the step
+        runs (read late: before the next one runs; the bad one left its update out on the device)."""
         self._unhook(failed=True)  # the replay must not be recorded
-        report = self._journal.blame(self.model, loss_func=None)  # the loop's loss is unknown here
+        if self.optimizer is not None:
+            compat.skip_step_if(self.optimizer, None)
+        report = journal.blame(self.model, loss_func=None)  # the loop's loss is unknown here
         if self._engine is not None:
-            self._engine.report_nonfinite(report, self.step, reason)
+            self._engine.report_nonfinite(report, step, reason)
         for p in self._params:
             p.grad = None  # a caught error must not leave NaN gradients to accumulate into
-        stopped = f"hs.watch stopped optimizer step {self.step}"
-        message = stop_message(stopped, self.step, reason, report, with_loss=False)
-        error = NonFiniteError(message, report, self.step, reason)
+        stopped = f"hs.watch stopped optimizer step {step}"
+        message = stop_message(stopped, step, reason, report, with_loss=False)
+        error = NonFiniteError(message, report, step, reason)
         self._shut(error)
         raise error
 
@@ -354,6 +386,8 @@ class Watch:
     def _shut(self, exc: BaseException | None) -> None:
         if self._closed:
             return
+        if exc is None:
+            self._read_late()  # the loop's last step: a failed one raises its NonFiniteError from here
         self._closed = True
         try:
             self._unhook(failed=exc is not None)
@@ -409,6 +443,26 @@ class Watch:
             engine.timing if engine is not None and engine.diagnose_enabled else None,
             lock=self._report_lock,
         )
+
+
+class _InFlight(NamedTuple):
+    """A step whose guard verdict is on its way to the host, with its batches and its number."""
+
+    verdict: LateVerdict
+    journal: BatchJournal
+    step: int
+
+
+def _reads_late(optimizer: torch.optim.Optimizer | None, late: bool | None, device: torch.device) -> bool:
+    """Whether the guard hands its flag to ``optimizer`` and reads it a step late (see :class:`Watch`)."""
+    can = optimizer is not None and compat.skips_steps_on_device(optimizer)
+    if late and not can:
+        name = type(optimizer).__name__ if optimizer is not None else "no optimizer"
+        raise ValueError(
+            f"hs.watch(late=True): {name} cannot skip a step on the device; pass a fused optimizer "
+            "(e.g. torch.optim.AdamW(params, fused=True)) or leave late=None"
+        )
+    return can and (bool(late) or (late is None and device.type != "cpu"))
 
 
 def _refuse_bad_arguments(model: Any, optimizer: Any, doctor: bool, stats: bool) -> None:
