@@ -51,7 +51,7 @@ from hookscope import compat
 from hookscope._deprecation import renamed_keywords
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.findings import Finding, Findings, Thresholds
-from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, stop_message
+from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, reads_late, stop_message
 from hookscope.doctor.record_types import ParamRecord, StepStats
 from hookscope.doctor.selection import module_in_training
 from hookscope.hooks.handles import HookSet
@@ -455,14 +455,12 @@ class _InFlight(NamedTuple):
 
 def _reads_late(optimizer: torch.optim.Optimizer | None, late: bool | None, device: torch.device) -> bool:
     """Whether the guard hands its flag to ``optimizer`` and reads it a step late (see :class:`Watch`)."""
-    can = optimizer is not None and compat.skips_steps_on_device(optimizer)
-    if late and not can:
-        name = type(optimizer).__name__ if optimizer is not None else "no optimizer"
-        raise ValueError(
-            f"hs.watch(late=True): {name} cannot skip a step on the device; pass a fused optimizer "
-            "(e.g. torch.optim.AdamW(params, fused=True)) or leave late=None"
-        )
-    return can and (bool(late) or (late is None and device.type != "cpu"))
+    name = type(optimizer).__name__ if optimizer is not None else "no optimizer"
+    refusal = (
+        f"hs.watch(late=True): {name} cannot skip a step on the device; pass a fused optimizer "
+        "(e.g. torch.optim.AdamW(params, fused=True)) or leave late=None"
+    )
+    return reads_late(optimizer, late, device, refusal)
 
 
 def _refuse_bad_arguments(model: Any, optimizer: Any, doctor: bool, stats: bool) -> None:

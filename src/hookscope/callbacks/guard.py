@@ -36,7 +36,7 @@ import torch
 
 from hookscope import compat
 from hookscope.doctor.finding_log import stderr_console
-from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, stop_message
+from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, reads_late, stop_message
 from hookscope.hooks.nonfinite import NonFiniteReport
 from hookscope.hooks.select import Spec
 from hookscope.hooks.tensors import model_device
@@ -110,14 +110,12 @@ class NonFiniteGuard(Callback):
 
     def _reads_late(self) -> bool:
         opt = self.learn.opt
-        can = opt is not None and compat.skips_steps_on_device(opt)
-        if self.late and not can:
-            raise ValueError(
-                f"NonFiniteGuard(late=True): learn.opt ({type(opt).__name__}) cannot skip a step on the "
-                "device; make it a fused optimizer (e.g. opt_func=partial(torch.optim.AdamW, fused=True)) "
-                "or leave late=None"
-            )
-        return can and (self.late or (self.late is None and self.learn.device.type != "cpu"))
+        refusal = (
+            f"NonFiniteGuard(late=True): learn.opt ({type(opt).__name__}) cannot skip a step on the "
+            "device; make it a fused optimizer (e.g. opt_func=partial(torch.optim.AdamW, fused=True)) "
+            "or leave late=None"
+        )
+        return reads_late(opt, self.late, self.learn.device, refusal)
 
     def before_batch(self) -> None:
         # Flags pile up until a step checks them: with gradient accumulation, batches that end before

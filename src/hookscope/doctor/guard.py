@@ -247,6 +247,19 @@ class BatchJournal:
         return report
 
 
+def reads_late(
+    opt: torch.optim.Optimizer | None, late: bool | None, device: torch.device, refusal: str
+) -> bool:
+    """Whether a guard hands its flag to ``opt`` and reads it a step late: with ``late`` None where ``opt``
+    can skip a step on the device (:func:`compat.skips_steps_on_device`) and ``device`` is not the CPU
+    (where a read before the step is free), with True wherever ``opt`` can (a ValueError saying
+    ``refusal`` where it cannot), with False never."""
+    can = opt is not None and compat.skips_steps_on_device(opt)
+    if late and not can:
+        raise ValueError(refusal)
+    return can and (bool(late) or (late is None and device.type != "cpu"))
+
+
 def stop_message(stopped: str, step: int, reason: str, report: NonFiniteReport, with_loss: bool) -> str:
     """One paragraph after a guard's stop: ``stopped`` says who stopped where ("hs.watch stopped optimizer
     step 3"), then which check failed, which weights the model keeps, and the blame. ``with_loss``: the
