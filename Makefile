@@ -30,8 +30,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 		|| echo "warning: chromium could not be installed; tests/viz/test_report.py will be skipped" >&2
 
+# The suite in two parts: all but the `serial` tests on two workers (pytest-xdist; a file stays on one
+# worker, so its module fixtures are built once), then the `serial` ones alone, since they measure time or
+# start several ranks. Both parts always run; make fails with the first failing part's status.
 test: $(VENV)/.installed-dev browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"; first=$$?; \
+	$(PY) -m pytest -m serial; second=$$?; \
+	[ $$first -ne 0 ] && exit $$first; exit $$second
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

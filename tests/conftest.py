@@ -6,6 +6,8 @@ Building a ResNet costs about a second, so each is built once per test session. 
 their weights or mode; a test that needs to, builds its own.
 """
 
+import os
+
 import pytest
 import torch
 from torchvision.models import resnet18, resnet34
@@ -18,8 +20,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """The test process keeps the memory a training step frees, as the ``page_faults`` finding advises:
     the healthy runs assert that the model and the loop give no finding, and a process whose allocator
     faults every step is the allocator's doing (tested apart, in fresh processes:
-    tests/doctor/test_timing_page_faults.py). The suite runs faster too."""
+    tests/doctor/test_timing_page_faults.py). The suite runs faster too.
+
+    Under ``make test``'s two workers (pytest-xdist), each worker and the processes it starts compute on one
+    thread: two workers of two OpenMP threads each on two cores spin waiting for each other."""
     keep_freed_memory()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

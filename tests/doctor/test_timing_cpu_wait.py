@@ -15,6 +15,9 @@ from hookscope.doctor.timing.cpu_wait import CpuWait
 from hookscope.doctor.timing.phases import COLUMNS, DATA, WAIT
 from hookscope.doctor.timing.stalls import StallDetector
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
+
 needs_schedstat = pytest.mark.skipif(
     not os.path.exists("/proc/self/task") or not hasattr(os, "sched_setaffinity"),
     reason="Linux scheduler statistics and CPU affinity",

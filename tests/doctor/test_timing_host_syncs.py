@@ -17,6 +17,8 @@ from torch import nn
 from hookscope.doctor.timing import host_syncs as hs_syncs
 from hookscope.doctor.timing.host_syncs import PROTOTYPE_NOTICE, SYNC_WARNING, SyncSampler
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
 
 class TwinMode:
     """torch.cuda's sync debug mode as a value: what the sampler sets, and when; ``item`` reads a value

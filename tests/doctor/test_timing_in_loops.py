@@ -8,6 +8,7 @@ import time
 
 import lightning.pytorch as pl
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from timing_loops import Leak, SlowImages, cnn, collect_earlier_garbage, images, in_memory, stall_every
@@ -19,6 +20,8 @@ from hookscope.callbacks import Checkpoint, Doctor
 from hookscope.doctor.timing.loader_settings import usable_cores
 from hookscope.doctor.timing.phases import DATA, OTHER
 from hookscope.train.callback import Callback
+
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
 
 TIMING = {"input_bound", "step_stalls", "memory_growth"}
 

@@ -12,6 +12,8 @@ from hookscope.doctor.timing.input_bound import input_bound
 from hookscope.doctor.timing.loader_settings import LoaderSettings, usable_cores
 from hookscope.doctor.timing.phases import COLUMNS, DATA, OTHER
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
 
 def test_a_slow_dataset_is_input_bound_with_the_share_and_the_loaders_settings():
     loader = DataLoader(SlowImages(delay=0.02 / 32), batch_size=32)  # ~20 ms per batch, ~3 ms per step

@@ -14,6 +14,8 @@ import torch
 from hookscope.doctor.timing.gc_time import GcTime
 from hookscope.doctor.timing.memory import AFTERMATH, BUDGET, DENSE, MAX_FACTOR, MemoryCadence, MemoryProbe
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
 
 def test_the_probe_follows_the_resident_memory():
     probe = MemoryProbe(torch.device("cpu"))

@@ -4,11 +4,14 @@ rises once (a cache) and stays flat is not."""
 import time
 
 import numpy as np
+import pytest
 from timing_loops import Leak, collect_earlier_garbage, in_memory, run
 from torch import nn
 
 from hookscope.doctor.timing import TimingRecorder
 from hookscope.doctor.timing.memory_growth import growth_start, memory_growth, robust_slope
+
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
 
 MB = 1 << 20
 

@@ -16,6 +16,9 @@ from hookscope.doctor.timing.page_faults import FAULTS, FIX, KERNEL, MIN_FAULTS,
 from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD
 from hookscope.doctor.timing.slowdown import Slowdown
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
+
 glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc"
 )

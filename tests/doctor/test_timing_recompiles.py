@@ -15,7 +15,8 @@ from hookscope import compat
 from hookscope.doctor.timing import TimingRecorder
 
 # the recorder's hooks are not traced (torch.compiler.disable): dynamo has nothing to warn of
-pytestmark = pytest.mark.filterwarnings("error:Dynamo does not know how to trace")
+# they measure time: run alone (`make test`'s second part)
+pytestmark = [pytest.mark.filterwarnings("error:Dynamo does not know how to trace"), pytest.mark.serial]
 
 
 @pytest.fixture(autouse=True)

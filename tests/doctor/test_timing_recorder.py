@@ -17,6 +17,8 @@ from hookscope.doctor.timing import TimingRecorder
 from hookscope.doctor.timing.phases import COLUMNS, STEP_PHASES
 from hookscope.train.callback import Callback
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
 
 class Sleepy(nn.Module):
     """A model whose forward takes ``seconds``; its loss then sleeps in backward as long as asked."""

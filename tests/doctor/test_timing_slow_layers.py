@@ -17,6 +17,8 @@ from hookscope.doctor.timing.phases import BACKWARD, COLUMNS, DATA, FORWARD, WAI
 from hookscope.doctor.timing.slow_layers import slow_layers
 from hookscope.doctor.timing.slowdown import Slowdown
 
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
+
 
 def heavy_conv_net() -> nn.Sequential:
     """A wide 5x5 convolution between two cheap layers: most of every step's compute."""

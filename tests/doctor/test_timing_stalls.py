@@ -5,11 +5,14 @@ import gc
 import time
 
 import numpy as np
+import pytest
 import torch
 from timing_loops import Feed, cnn, in_memory, run, stall_every, train
 
 from hookscope.doctor.timing.phases import COLUMNS, PHASES
 from hookscope.doctor.timing.stalls import CHECKPOINT_SAVE, Stall, carrying, isolated, period, step_stalls
+
+pytestmark = pytest.mark.serial  # they measure time: run alone (`make test`'s second part)
 
 
 def test_a_periodic_stall_is_found_with_its_period():

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.serial  # several ranks on two cores: run alone (`make test`'s second part)
+
 SCRIPT = Path(__file__).with_name("fsdp1_script.py")
 
 

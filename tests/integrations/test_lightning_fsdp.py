@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.serial  # several ranks on two cores: run alone (`make test`'s second part)
+
 pytest.importorskip("lightning")
 
 SCRIPT = Path(__file__).with_name("lightning_fsdp_script.py")

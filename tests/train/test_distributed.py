@@ -21,7 +21,8 @@ from hookscope.train import distributed
 # over ranks rounds differently from the mean over one batch (measured difference ~1.5e-8).
 TOLERANCE = 1e-6
 
-pytestmark = pytest.mark.usefixtures("deterministic")
+# several ranks on two cores: run alone (`make test`'s second part)
+pytestmark = [pytest.mark.usefixtures("deterministic"), pytest.mark.serial]
 
 
 # ---- in one process ----------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ WATCH = Path(__file__).with_name("fsdp_script.py")
 # Norms of 2 shards' squares added, against one norm over the whole tensor (float32): measured ~5e-7.
 NORM_RTOL = 1e-5
 
-pytestmark = pytest.mark.usefixtures("deterministic")
+# several ranks on two cores: run alone (`make test`'s second part)
+pytestmark = [pytest.mark.usefixtures("deterministic"), pytest.mark.serial]
 
 
 FAULTS = {"dead": ("dead_units", "3"), "exploding": ("exploding_gradient", "7")}

@@ -13,6 +13,8 @@ import pytest
 import torch
 from launch import ENV, SCRIPT
 
+pytestmark = pytest.mark.serial  # several ranks on two cores: run alone (`make test`'s second part)
+
 
 def free_port() -> int:
     with socket.socket() as sock:
