@@ -132,6 +132,7 @@ class Watch:
                 "first (leave its with-block or call .close()) — a second Watch would double every hook"
             )
         self.model, self.optimizer = model, optimizer
+        self._stepper = optimizer  # the optimizer a late verdict is handed to (see follow_optimizer)
         self.options: dict[str, Any] = dict(model=type(model).__name__, doctor=doctor, stats=stats)
         self.options |= dict(guard=guard, every=every, check_every=check_every, select=repr(select))
         self.step = 0
@@ -217,12 +218,16 @@ class Watch:
         if self._engine is not None:
             self._engine.plan_run(total_steps, batches_per_epoch, schedulers)
 
-    def follow_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+    def follow_optimizer(self, optimizer: torch.optim.Optimizer, late: bool = False) -> None:
         """The optimizer whose parameters and learning rates ``stale_gradients``, ``lr_schedule`` and
         ``not_updated`` read, for a loop that calls :meth:`gradients_ready` and :meth:`step_done` itself
-        (the integrations); ``hs.watch(model, optimizer)`` follows its optimizer already."""
+        (the integrations); ``hs.watch(model, optimizer)`` follows its optimizer already. ``late``: the
+        guard hands its verdict to ``optimizer`` and reads it a step late, as with ``hs.watch(model,
+        optimizer, late=...)`` (the caller has decided it can: :func:`hookscope.doctor.guard.reads_late`)."""
         if self._engine is not None:
             self._engine.watch_optimizer(optimizer)
+        if self._guard is not None and self.optimizer is None:
+            self._stepper, self._late = optimizer, late
 
     def watch_loader(self, loader: Any) -> None:
         """The training DataLoader (None: none): ``input_bound`` names its ``num_workers``,
@@ -250,7 +255,7 @@ class Watch:
         """The guard's verdict on this step: handed to a fused optimizer and read a step late, or read
         now (a "no" raises before the step runs)."""
         assert self._guard is not None
-        opt = self.optimizer
+        opt = self._stepper
         late = self._late and opt is not None and compat.skips_steps_on_device(opt)
         verdict = self._guard.flag(self._params, self._device) if late else None
         if verdict is None:
@@ -272,8 +277,8 @@ class Watch:
         """The optimizer stepped: update ratios, close the step, run the rules every ``check_every``."""
         if self._closed:
             return
-        if self._late and self.optimizer is not None:
-            compat.skip_step_if(self.optimizer, None)
+        if self._late and self._stepper is not None:
+            compat.skip_step_if(self._stepper, None)
         if self._engine is not None:
             self._engine.step_done()
             self._engine.end_batch()
@@ -363,8 +368,8 @@ class Watch:
         """The guard said no to ``step``: blame its batches, report it, close, and raise before the step
         runs (read late: before the next one runs; the bad one left its update out on the device)."""
         self._unhook(failed=True)  # the replay must not be recorded
-        if self.optimizer is not None:
-            compat.skip_step_if(self.optimizer, None)
+        if self._stepper is not None:
+            compat.skip_step_if(self._stepper, None)
         report = journal.blame(self.model, loss_func=None)  # the loop's loss is unknown here
         if self._engine is not None:
             self._engine.report_nonfinite(report, step, reason)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from faults import SqrtAbs
 from torch import nn
 
 from hookscope.integrations._common import StepSeen, WatchCallback, user_model
@@ -118,3 +119,44 @@ def test_the_shared_base_counts_real_steps_forgets_skipped_ones_and_closes_an_ea
     callback.close()
     callback.close()
     assert _hooks_left(net) == 0 and callback.findings == second.findings
+
+
+def fused_adamw(params, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, fused=True)
+
+
+@pytest.mark.parametrize("loop", ["lightning", "fastai", "transformers"])
+def test_the_guard_reads_a_step_late_with_a_fused_optimizer_and_stops_where_a_read_before_does(
+    loop, tmp_path
+) -> None:
+    """``guard=True, late=True`` hands the framework's fused optimizer the guard's flag: the NaN gradient of
+    the second batch leaves its update out on the device and is named at the next step, with the weights,
+    step and blame of a read before the step (``late=False``)."""
+    from faults import digits_flat
+    from loops import LOOPS
+
+    outcomes = {}
+    for late in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 32, bias=False), SqrtAbs(), nn.Linear(32, 10))
+        train = digits_flat(zero_row=70).train
+        folder = {"out": str(tmp_path / str(late))} if loop == "transformers" else {}  # its Trainer's
+        findings = LOOPS[loop](
+            model, train, 6, 1e-3, fused_adamw, quiet=True, guard=True, late=late, **folder
+        )
+        (nonfinite,) = [f for f in findings if f.kind == "nonfinite"]
+        assert (nonfinite.module, nonfinite.step) == ("1", 1)
+        outcomes[late] = {k: v.clone() for k, v in model.state_dict().items()}
+    assert all(torch.equal(outcomes[False][k], v) for k, v in outcomes[True].items())
+
+
+def test_late_true_with_an_optimizer_that_cannot_skip_a_step_is_refused_naming_the_callback() -> None:
+    from faults import digits_flat
+    from loops import run_lightning
+
+    model = nn.Sequential(nn.Linear(64, 10))
+    with pytest.raises(
+        ValueError, match=r"^HookscopeCallback\(late=True\): SGD cannot skip a step.*fused=True"
+    ):
+        run_lightning(model, digits_flat().train, 2, 1e-3, torch.optim.SGD, quiet=True, guard=True, late=True)
+    assert not any(p._forward_hooks or p._forward_pre_hooks for p in model.modules())  # no Watch left open

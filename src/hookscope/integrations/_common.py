@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hookscope.doctor.guard import reads_late
 from hookscope.hooks.handles import HookSet
+from hookscope.hooks.tensors import model_device
 
 if TYPE_CHECKING:
     from hookscope.doctor.findings import Finding
@@ -123,19 +125,40 @@ class WatchCallback:
         loader: Any = None,
     ) -> Watch:
         """A new Watch over the user's model inside the framework's ``wrapper`` (``model`` when the user
-        chose it, see :func:`user_model`); ``optimizers`` are hooked to see whether each step happened;
-        ``loader``, the framework's training loader, has its settings named by ``input_bound``."""
+        chose it, see :func:`user_model`); ``optimizers`` are hooked to see whether each step happened,
+        and with ``guard=True`` the first takes the guard's verdict to read a step late where it can
+        (``late``, as for ``hs.watch``); ``loader``, the framework's training loader, has its settings
+        named by ``input_bound``."""
         from hookscope.watching import watch
 
         self.close()
-        self.watch = watch(user_model(wrapper, model), **self.options)
+        watched = user_model(wrapper, model)
+        optimizers = [] if optimizers is None else list(optimizers)
+        # the first: a GAN's other optimizers step other parameters
+        first = innermost(optimizers[0]) if optimizers else None
+        options = dict(self.options)
+        # decided before a Watch opens: a refusal leaves nothing open
+        late = self._reads_late(first, options.pop("late", None), model_device(watched))
+        self.watch = watch(watched, **options)
         self.watch.watch_loader(loader)
-        if optimizers is not None:
-            optimizers = list(optimizers)
-            self._steps.attach(optimizers)
-        if optimizers:  # the first: a GAN's other optimizers step other parameters
-            self.watch.follow_optimizer(innermost(optimizers[0]))
+        self._steps.attach(optimizers)
+        if first is not None:
+            self.watch.follow_optimizer(first, late=late)
         return self.watch
+
+    def _reads_late(
+        self, optimizer: torch.optim.Optimizer | None, late: bool | None, device: torch.device
+    ) -> bool:
+        """Whether the guard (when on) reads a step late: :func:`hookscope.doctor.guard.reads_late`, its
+        refusal naming this callback."""
+        if not self.options.get("guard"):
+            return False
+        name = type(optimizer).__name__ if optimizer is not None else "no optimizer"
+        refusal = (
+            f"{type(self).__name__}(late=True): {name} cannot skip a step on the device; return a fused "
+            "optimizer (e.g. torch.optim.AdamW(params, fused=True)) or leave late=None"
+        )
+        return reads_late(optimizer, late, device, refusal)
 
     def _log(self, loss: torch.Tensor, target: Any = None) -> None:
         """This training batch's loss, to the loss rules, and its target, to the label mix (on the

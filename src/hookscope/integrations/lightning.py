@@ -35,10 +35,10 @@ class HookscopeCallback(WatchCallback, pl.Callback):
     ``model``: the module to watch and name findings after (default: the LightningModule's only child that
     holds parameters, e.g. ``self.model = net`` gives ``0``/``conv1``, not ``model.0``; see
     :func:`~hookscope.integrations._common.user_model`). ``options`` are those of ``hs.watch``
-    (``doctor``, ``stats``, ``guard``, ``select``, ``every``, ``check_every``, ``thresholds``, ``quiet``,
-    ``report``). After each check (every ``check_every`` optimizer steps) the Trainer's loggers get a few
-    numbers under ``hookscope/``: findings per kind, the largest activation and gradient magnitudes and the
-    count of non-finite values of the latest record.
+    (``doctor``, ``stats``, ``guard``, ``late``, ``select``, ``every``, ``check_every``, ``thresholds``,
+    ``quiet``, ``path``). After each check (every ``check_every`` optimizer steps) the Trainer's loggers
+    get a few numbers under ``hookscope/``: findings per kind, the largest activation and gradient
+    magnitudes and the count of non-finite values of the latest record.
     """
 
     def __init__(self, model: nn.Module | None = None, **options: Any) -> None:
