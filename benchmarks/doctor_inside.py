@@ -7,10 +7,16 @@ and of its guard, the root-module hooks of its protocol and timing recorders, th
 guard's decision are wrapped with ``time.perf_counter`` on their classes, and one 300-step fit of the
 small CNN of ``doctor_overhead.py`` (three epochs, a validation batch each) runs ``--rounds`` times.
 
-Two tables: per *plain* step (neither recorded nor checked: past the warm-up of 10, not a 50th step or the
+Four tables: per *plain* step (neither recorded nor checked: past the warm-up of 10, not a 50th step or the
 one after, not the end of a check interval or an epoch), the microseconds inside each part, the wrapped
-calls nested in another listed under it; and per check (the rules every 10 steps, those after a recorded
-step and the last one left out: they read the statistics), the microseconds inside each part of a check.
+calls nested in another listed under it; the same total for the plain steps the protocol recorder looks
+at (its device checks and parameter hooks: every step of the first 32, then 4 in every 32 and 4 after each
+validation, :mod:`hookscope.doctor.protocol.looks`) and for those it does not; per check (the rules every
+10 steps, those after a recorded step and the last one left out: they read the statistics), the
+microseconds inside each part of a check; and every check of a fit by kind — the first (it reads the 10
+records of the warm-up), those after a recorded step (they read its statistics and run the record rules
+again; every 50 steps the timing recorder's rules run then too), the plain ones and the last one (at the
+end of the fit) — in milliseconds a check and a fit.
 These are the Doctor's own times on caches the step's kernels left cold (a small op costs 20-80 µs
 there, a Python call about 1-2 µs), not what the step loses in all: the hooks' dispatch by torch and what
 the Doctor evicts from the caches are not in them. Rounds run in one process: the memory read's heap walk
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +45,7 @@ from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.doctor.engine import Engine
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck
+from hookscope.doctor.protocol.looks import Looks
 from hookscope.doctor.protocol.recorder import ProtocolRecorder
 from hookscope.doctor.timing import memory
 from hookscope.doctor.timing.recorder import TimingRecorder
@@ -86,20 +93,33 @@ def plain(step: int) -> bool:
     )
 
 
+def check_kind(step: int) -> str:
+    """Which kind of check ends ``step`` (see the module's docstring)."""
+    if step == WARMUP - 1:
+        return "first (reads the warm-up's records)"
+    if step == STEPS - 1:
+        return "last (at the fit's end)"
+    if step % RECORD_EVERY == CHECK_EVERY - 1:
+        return "after a recorded step"
+    return "plain"
+
+
 def plain_check(step: int) -> bool:
     """A check that reads no new statistics: not the first, not right after a recorded step, not the last."""
     return step > WARMUP and step % RECORD_EVERY != CHECK_EVERY - 1 and step != STEPS - 1
 
 
 class Timer:
-    """Seconds inside each wrapped method, counted while ``counting(step)`` holds for the current step."""
+    """Seconds inside each wrapped method, counted while ``counting(step)`` holds for the current step;
+    ``per_step``: the seconds of the top-level methods (``top=True``), per step."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.per_step: dict[int, float] = defaultdict(float)
         self.step = -1
         self.counting: Callable[[int], bool] = lambda step: False
 
-    def wrap(self, cls: type, name: str) -> None:
+    def wrap(self, cls: type, name: str, top: bool = False) -> None:
         method = getattr(cls, name)
         label = f"{cls.__name__}.{name}"
 
@@ -111,7 +131,10 @@ class Timer:
             try:
                 return method(*args, **kwargs)
             finally:
-                self.seconds[label] += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self.seconds[label] += seconds
+                if top:
+                    self.per_step[self.step] += seconds
 
         setattr(cls, name, timed)
 
@@ -128,6 +151,39 @@ class Steps(Callback):
         if self.learn.training:
             for timer in self.timers:
                 timer.step = self.learn.training_step
+
+
+class Watched:
+    """The training steps the protocol recorder looks at, as its :class:`Looks` decides them."""
+
+    def __init__(self) -> None:
+        self.steps: set[int] = set()
+        decide = Looks.begin_batch
+
+        def begin_batch(looks: Looks, step: int, training: bool) -> None:
+            decide(looks, step, training)
+            if training and looks.watching:
+                self.steps.add(step)
+
+        Looks.begin_batch = begin_batch  # type: ignore[method-assign]
+
+
+def time_checks(seconds: dict[str, float], calls: Counter[str], steps: Timer) -> None:
+    """Wrap ``Engine.check``: the seconds and the count of each check go to its kind (``steps`` says the
+    step; the last step's check and the one at the fit's end are both "last")."""
+    check = Engine.check
+
+    @functools.wraps(check)
+    def timed(engine: Engine) -> Any:
+        start = time.perf_counter()
+        try:
+            return check(engine)
+        finally:
+            kind = check_kind(steps.step)
+            seconds[kind] += time.perf_counter() - start
+            calls[kind] += 1
+
+    Engine.check = timed  # type: ignore[method-assign]
 
 
 def fit_once(*timers: Timer) -> None:
@@ -155,13 +211,17 @@ def main() -> None:
     args = benchmark_args(__doc__.splitlines()[0], {}, {})
     rounds = 1 if args.quick else args.rounds
     torch.set_num_threads(1)
+    watched = Watched()
+    fit_once()  # warm-up: imports, numpy's and torch's first calls; the looks of a fit
     steps, checks = Timer(), Timer()
     steps.counting, checks.counting = plain, plain_check
-    for cls, name, _ in STEP_PARTS:
-        steps.wrap(cls, name)
+    for cls, name, parent in STEP_PARTS:
+        steps.wrap(cls, name, top=parent is None)
     for cls, name, _ in CHECK_PARTS:
         checks.wrap(cls, name)
-    fit_once()  # warm-up: imports, numpy's and torch's first calls
+    by_kind: dict[str, float] = defaultdict(float)
+    kinds: Counter[str] = Counter()
+    time_checks(by_kind, kinds, steps)
     for _ in range(rounds):
         fit_once(steps, checks)  # each timer counts on its own steps of the same fits
     plain_steps = rounds * sum(plain(s) for s in range(STEPS))
@@ -173,12 +233,20 @@ def main() -> None:
         f"  {top / plain_steps * 1e6:8.1f} µs per plain step inside the Doctor's parts ({plain_steps} steps)"
     )
     table("  per plain step:", steps.seconds, plain_steps, step_rows)
+    for label, looked in (("looked at by the protocol", True), ("not looked at", False)):
+        chosen = [s for s in range(STEPS) if plain(s) and (s in watched.steps) == looked]
+        inside = sum(steps.per_step[s] for s in chosen) / rounds
+        print(f"  {inside / len(chosen) * 1e6:8.1f} µs per plain step {label} ({rounds * len(chosen)} steps)")
     table(
         f"  per check ({plain_checks} checks without new statistics):",
         checks.seconds,
         plain_checks,
         [(f"{c.__name__}.{n}", p) for c, n, p in CHECK_PARTS],
     )
+    print(f"  every check of a fit, by kind ({sum(by_kind.values()) / rounds * 1e3:.1f} ms a fit in all):")
+    for kind, calls in kinds.items():
+        count, total = calls // rounds, by_kind[kind] / rounds
+        print(f"    {count:3d} x {total / count * 1e3:6.2f} ms = {total * 1e3:6.1f} ms a fit  {kind}")
 
 
 if __name__ == "__main__":
