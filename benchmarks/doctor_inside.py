@@ -7,16 +7,19 @@ and of its guard, the root-module hooks of its protocol and timing recorders, th
 guard's decision are wrapped with ``time.perf_counter`` on their classes, and one 300-step fit of the
 small CNN of ``doctor_overhead.py`` (three epochs, a validation batch each) runs ``--rounds`` times.
 
-Four tables: per *plain* step (neither recorded nor checked: past the warm-up of 10, not a 50th step or the
-one after, not the end of a check interval or an epoch), the microseconds inside each part, the wrapped
-calls nested in another listed under it; the same total for the plain steps the protocol recorder looks
-at (its device checks and parameter hooks: every step of the first 32, then 4 in every 32 and 4 after each
-validation, :mod:`hookscope.doctor.protocol.looks`) and for those it does not; per check (the rules every
-10 steps, those after a recorded step and the last one left out: they read the statistics), the
-microseconds inside each part of a check; and every check of a fit by kind — the first (it reads the 10
-records of the warm-up), those after a recorded step (they read its statistics and run the record rules
-again; every 50 steps the timing recorder's rules run then too), the plain ones and the last one (at the
-end of the fit) — in milliseconds a check and a fit.
+Five tables: per *plain* step (neither recorded nor checked: past the warm-up of 10, not a 50th step or
+the one after, not the end of a check interval or an epoch), the microseconds inside each part, the
+wrapped calls nested in another listed under it; the same total for the plain steps the protocol recorder
+looks at (its device checks and parameter hooks: every step of the first 32, then 4 in every 32 and 4
+after each validation, :mod:`hookscope.doctor.protocol.looks`) and for those it does not; per recorded
+step after the warm-up (every 50th: the statistics recorders switch their hooks on, take each watched
+layer's output and output gradient, the parameters' gradient norms and update ratios, and switch the hooks
+off); per check (the rules every 10 steps, those after a recorded step and the last one left out: they
+read the statistics), the microseconds inside each part of a check; and every check of a fit by kind — the
+first (it reads the 10 records of the warm-up), those after a recorded step (they read its statistics and
+run the record rules again; every 50 steps the timing recorder's rules run then too), the plain ones and
+the last one (at the end of the fit) — in milliseconds a check and a fit.
+
 These are the Doctor's own times on caches the step's kernels left cold (a small op costs 20-80 µs
 there, a Python call about 1-2 µs), not what the step loses in all: the hooks' dispatch by torch and what
 the Doctor evicts from the caches are not in them. Rounds run in one process: the memory read's heap walk
@@ -47,13 +50,14 @@ from hookscope.doctor.engine import Engine
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck
 from hookscope.doctor.protocol.looks import Looks
 from hookscope.doctor.protocol.recorder import ProtocolRecorder
+from hookscope.doctor.recorders import ActivationRecorder, GradientRecorder
 from hookscope.doctor.timing import memory
 from hookscope.doctor.timing.recorder import TimingRecorder
 from hookscope.train.callback import Callback
 
 STEPS, EPOCHS, CHECK_EVERY, RECORD_EVERY, WARMUP = 300, 3, 10, 50, 10
 
-# (class, method, the part it sits in: None for a step's top level) for the table of a plain step
+# (class, method, the part it sits in: None for a step's top level) for the tables of a step
 STEP_PARTS: list[tuple[type, str, str | None]] = [
     *(
         (Doctor, event, None)
@@ -70,7 +74,15 @@ STEP_PARTS: list[tuple[type, str, str | None]] = [
     (ProtocolRecorder, "step_done", "Doctor.after_step"),
     (TimingRecorder, "end_batch", "Doctor.after_batch"),
     (memory._InUse, "__call__", "TimingRecorder.end_batch"),
+    # what a recorded step adds (nothing on a plain step: the engine does not call them then)
+    (ActivationRecorder, "begin_batch", "Doctor.before_batch"),
+    (GradientRecorder, "begin_batch", "Doctor.before_batch"),
+    (GradientRecorder, "gradients_ready", "Doctor.before_step"),
+    (GradientRecorder, "step_done", "Doctor.after_step"),
+    (ActivationRecorder, "end_batch", "Doctor.after_batch"),
+    (GradientRecorder, "end_batch", "Doctor.after_batch"),
 ]
+HOOKS = {ActivationRecorder: "ActivationRecorder's hooks", GradientRecorder: "GradientRecorder's hooks"}
 CHECK_PARTS: list[tuple[type, str, str | None]] = [
     (Engine, "check", None),
     (Engine, "read_pending", "Engine.check"),
@@ -104,20 +116,28 @@ def check_kind(step: int) -> str:
     return "plain"
 
 
+def step_kind(step: int) -> str | None:
+    """ "plain" (see :func:`plain`), "recorded" (a recorded step after the warm-up: every 50th) or None."""
+    if plain(step):
+        return "plain"
+    return "recorded" if step >= RECORD_EVERY and step % RECORD_EVERY == 0 else None
+
+
 def plain_check(step: int) -> bool:
     """A check that reads no new statistics: not the first, not right after a recorded step, not the last."""
     return step > WARMUP and step % RECORD_EVERY != CHECK_EVERY - 1 and step != STEPS - 1
 
 
 class Timer:
-    """Seconds inside each wrapped method, counted while ``counting(step)`` holds for the current step;
-    ``per_step``: the seconds of the top-level methods (``top=True``), per step."""
+    """Seconds inside each wrapped method, per bucket: ``bucket(step)`` names the bucket of the current
+    step (None: not counted); ``per_step``: the seconds of the top-level methods (``top=True``), per
+    step. One wrapper per method, whatever the buckets: a wrapper inside another would be timed too."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
+    def __init__(self, bucket: Callable[[int], str | None]) -> None:
+        self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.per_step: dict[int, float] = defaultdict(float)
         self.step = -1
-        self.counting: Callable[[int], bool] = lambda step: False
+        self.bucket = bucket
 
     def wrap(self, cls: type, name: str, top: bool = False) -> None:
         method = getattr(cls, name)
@@ -125,18 +145,42 @@ class Timer:
 
         @functools.wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.counting(self.step):
+            bucket = self.bucket(self.step)
+            if bucket is None:
                 return method(*args, **kwargs)
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                seconds = time.perf_counter() - start
-                self.seconds[label] += seconds
-                if top:
-                    self.per_step[self.step] += seconds
+                self.add(bucket, label, time.perf_counter() - start, top)
 
         setattr(cls, name, timed)
+
+    def wrap_hooks(self, cls: type, label: str) -> None:
+        """Time the hooks that ``cls._hook(name)`` makes, all under ``label`` (top-level)."""
+        make = cls._hook
+
+        def hook_of(recorder: Any, name: str) -> Callable[..., Any]:
+            hook = make(recorder, name)
+
+            def timed(*args: Any) -> Any:
+                bucket = self.bucket(self.step)
+                if bucket is None:
+                    return hook(*args)
+                start = time.perf_counter()
+                try:
+                    return hook(*args)
+                finally:
+                    self.add(bucket, label, time.perf_counter() - start, True)
+
+            return timed
+
+        cls._hook = hook_of
+
+    def add(self, bucket: str, label: str, seconds: float, top: bool) -> None:
+        self.seconds[bucket][label] += seconds
+        if top:
+            self.per_step[self.step] += seconds
 
 
 class Steps(Callback):
@@ -195,12 +239,12 @@ def fit_once(*timers: Timer) -> None:
 
 
 def table(title: str, seconds: dict[str, float], count: int, rows: list[tuple[str, str | None]]) -> None:
-    """Each top-level part, with the parts inside it indented under it."""
+    """Each top-level part that ran, with the parts inside it indented under it."""
     print(title)
 
     def show(parent: str | None, depth: int) -> None:
         for label, outer in rows:
-            if outer == parent:
+            if outer == parent and label in seconds:
                 print(f"{'    ' * depth}  {seconds.get(label, 0.0) / count * 1e6:8.1f} µs  {label}")
                 show(label, depth + 1)
 
@@ -213,10 +257,12 @@ def main() -> None:
     torch.set_num_threads(1)
     watched = Watched()
     fit_once()  # warm-up: imports, numpy's and torch's first calls; the looks of a fit
-    steps, checks = Timer(), Timer()
-    steps.counting, checks.counting = plain, plain_check
+    steps = Timer(step_kind)
+    checks = Timer(lambda step: "plain" if plain_check(step) else None)
     for cls, name, parent in STEP_PARTS:
         steps.wrap(cls, name, top=parent is None)
+    for cls, label in HOOKS.items():
+        steps.wrap_hooks(cls, label)
     for cls, name, _ in CHECK_PARTS:
         checks.wrap(cls, name)
     by_kind: dict[str, float] = defaultdict(float)
@@ -225,21 +271,30 @@ def main() -> None:
     for _ in range(rounds):
         fit_once(steps, checks)  # each timer counts on its own steps of the same fits
     plain_steps = rounds * sum(plain(s) for s in range(STEPS))
+    recorded = rounds * sum(step_kind(s) == "recorded" for s in range(STEPS))
     plain_checks = rounds * sum(plain_check(s) for s in range(CHECK_EVERY - 1, STEPS, CHECK_EVERY))
-    step_rows = [(f"{c.__name__}.{n}", p) for c, n, p in STEP_PARTS]
-    top = sum(steps.seconds.get(label, 0.0) for label, parent in step_rows if parent is None)
+    step_rows = [(f"{c.__name__}.{n}", p) for c, n, p in STEP_PARTS] + [(h, None) for h in HOOKS.values()]
+    top = sum(steps.seconds["plain"].get(label, 0.0) for label, parent in step_rows if parent is None)
     print(f"Doctor() from the inside: small CNN, {STEPS}-step fits x {rounds} rounds, 1 thread, perf_counter")
     print(
         f"  {top / plain_steps * 1e6:8.1f} µs per plain step inside the Doctor's parts ({plain_steps} steps)"
     )
-    table("  per plain step:", steps.seconds, plain_steps, step_rows)
+    table("  per plain step:", steps.seconds["plain"], plain_steps, step_rows)
     for label, looked in (("looked at by the protocol", True), ("not looked at", False)):
         chosen = [s for s in range(STEPS) if plain(s) and (s in watched.steps) == looked]
         inside = sum(steps.per_step[s] for s in chosen) / rounds
         print(f"  {inside / len(chosen) * 1e6:8.1f} µs per plain step {label} ({rounds * len(chosen)} steps)")
+    inside = sum(steps.seconds["recorded"].get(label, 0.0) for label, p in step_rows if p is None)
+    print(f"  {inside / recorded * 1e6:8.1f} µs per recorded step after the warm-up ({recorded} steps)")
+    table(
+        f"  per recorded step after the warm-up ({recorded} steps):",
+        steps.seconds["recorded"],
+        recorded,
+        step_rows,
+    )
     table(
         f"  per check ({plain_checks} checks without new statistics):",
-        checks.seconds,
+        checks.seconds["plain"],
         plain_checks,
         [(f"{c.__name__}.{n}", p) for c, n, p in CHECK_PARTS],
     )
