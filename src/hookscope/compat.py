@@ -156,7 +156,7 @@ def compile_in_use() -> bool:
 
     So does the first torch optimizer a process makes (``Optimizer.add_param_group`` runs under
     ``torch._disable_dynamo``, which imports it): in a training loop this is true whether or not anything
-    is compiled, and false only where no optimizer was made and nothing compiled (a summary, inference).
+    is compiled; it can be false where no optimizer was made (a summary, inference).
     Checking ``sys.modules`` avoids importing dynamo (about a second) just to learn nothing is compiled.
     Checked on 2.14.1 (``torch._dynamo.eval_frame`` since 2.0).
     """

@@ -309,7 +309,7 @@ def _single_replacement(result: Any, module: nn.Module) -> torch.Tensor | None:
 def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` wrapped so that dynamo runs it as it is instead of tracing it (about 0.3 µs a call, 5 µs to
     wrap); ``fn`` itself when dynamo is not loaded, so that a process that compiles nothing and made no
-    optimizer (a summary, inference) does not import it. A training loop has loaded it (see
+    optimizer (a summary, inference) need not import it. A training loop has loaded it (see
     :func:`compat.compile_in_use`), and a model compiled after the hooks were registered still finds
     them wrapped."""
     return torch.compiler.disable(fn) if compat.compile_in_use() else fn
