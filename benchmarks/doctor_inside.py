@@ -117,7 +117,8 @@ def check_kind(step: int) -> str:
 
 
 def step_kind(step: int) -> str | None:
-    """ "plain" (see :func:`plain`), "recorded" (a recorded step after the warm-up: every 50th) or None."""
+    """The step's kind: "plain" (see :func:`plain`), "recorded" (a recorded step after the warm-up: every
+    50th) or None."""
     if plain(step):
         return "plain"
     return "recorded" if step >= RECORD_EVERY and step % RECORD_EVERY == 0 else None
@@ -141,41 +142,27 @@ class Timer:
 
     def wrap(self, cls: type, name: str, top: bool = False) -> None:
         method = getattr(cls, name)
-        label = f"{cls.__name__}.{name}"
-
-        @functools.wraps(method)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            bucket = self.bucket(self.step)
-            if bucket is None:
-                return method(*args, **kwargs)
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.add(bucket, label, time.perf_counter() - start, top)
-
-        setattr(cls, name, timed)
+        setattr(cls, name, functools.wraps(method)(self.timed(method, f"{cls.__name__}.{name}", top)))
 
     def wrap_hooks(self, cls: type, label: str) -> None:
         """Time the hooks that ``cls._hook(name)`` makes, all under ``label`` (top-level)."""
         make = cls._hook
+        cls._hook = lambda recorder, name: self.timed(make(recorder, name), label, True)
 
-        def hook_of(recorder: Any, name: str) -> Callable[..., Any]:
-            hook = make(recorder, name)
+    def timed(self, fn: Callable[..., Any], label: str, top: bool) -> Callable[..., Any]:
+        """``fn``, its seconds added under ``label`` to the current step's bucket (if any)."""
 
-            def timed(*args: Any) -> Any:
-                bucket = self.bucket(self.step)
-                if bucket is None:
-                    return hook(*args)
-                start = time.perf_counter()
-                try:
-                    return hook(*args)
-                finally:
-                    self.add(bucket, label, time.perf_counter() - start, True)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            bucket = self.bucket(self.step)
+            if bucket is None:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(bucket, label, time.perf_counter() - start, top)
 
-            return timed
-
-        cls._hook = hook_of
+        return timed
 
     def add(self, bucket: str, label: str, seconds: float, top: bool) -> None:
         self.seconds[bucket][label] += seconds
