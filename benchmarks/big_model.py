@@ -7,10 +7,10 @@ in a hand-written loop. Measured:
 - attach time: ``hs.watch(model, opt)`` (hooks on every watched module, the optimizer's hooks) and the
   doctor's engine alone (``Engine().attach``: what ``Doctor`` does in ``before_fit``), median over rounds;
 - cost per step at the defaults: the same 40 steps bare and under ``hs.watch(model, opt, quiet=True)``,
-  alternating, the median of the paired ratios (target <= 1.05x). Forty steps hold the doctor's
-  warm-up, whose 10 steps it records, so this is the cost of a short run; each step is also timed
+  alternating, the median of the paired ratios (target <= 1.05x). Forty steps hold the doctor's warm-up
+  (its first 5 steps recorded), so this is the cost of a short run; each step is also timed
   against the bare step at the same place in the round, recorded and unrecorded apart, and the default
-  schedule (every step of the first 10, then every 50th) turns the two into the cost of runs of 100,
+  schedule (every step of the first 5, then every 50th) turns the two into the cost of runs of 100,
   1,000 and 10,000 steps;
 - the memory the doctor's histories hold, per module, measured after the run, against the bound the code
   sets whatever the run's length: ``history`` (1000) records per module for activations and for output
@@ -44,7 +44,7 @@ from hookscope.doctor.schedule import RecordingSchedule
 
 LR = 1e-4
 BATCH, TOKENS = 2, 128
-STEPS = 40  # per round: the doctor's 10 recorded warm-up steps, then 30 it does not record
+STEPS = 40  # per round: the doctor's 5 recorded warm-up steps, then 35 it does not record
 # Bytes of one history record besides its arrays: the StepStats and TensorStats objects, their boxed
 # numbers and two ndarray headers (measured with sys.getsizeof on CPython 3.11: ~0.5 KB).
 RECORD_FIELDS = 512

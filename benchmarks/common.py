@@ -14,6 +14,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from hookscope.doctor.engine import CHECK_EVERY
+
 try:
     import resource
 except ImportError:  # Windows: no getrusage; KernelMeter then counts nothing
@@ -160,7 +162,7 @@ def format_table(
     return "\n".join(lines)
 
 
-def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = 10) -> Any:
+def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = CHECK_EVERY) -> Any:
     """Drive a doctor recorder (attached already) from the optimizer's step hooks, as hs.watch drives the
     engine: gradients read before each step, the step closed after it, the rules every ``check_every``."""
     state = {"step": 0}

@@ -6,14 +6,14 @@ Yet on a shared 2-core VM the step's own time moves by more than 2% between runs
 that path costs, so a change to it rarely shows in ``doctor_overhead.py``. A count does: it is exact and
 the same on every machine.
 
-The small CNN of ``doctor_overhead.py`` trains for one epoch of 100 steps, bare and with ``Doctor()`` at
-its defaults, under ``sys.setprofile``; the calls of steps 41 to 48 are counted. Those steps are neither
-recorded (the warm-up is steps 0-9, then every 50th) nor checked (the rules run at the end of steps 39
-and 49), and the protocol's device checks do not look at them (every step of the first 32, then 4 in
-every 32: steps 32-35 and 64-67). Until stop 39 steps 21 to 28 were counted: older figures include the
-protocol's fingerprint, label copy and graph tag. Python calls are listed by module and function, calls
-into C (``isinstance``, tensor methods) apart. The bare Learner's calls are subtracted, so what is listed
-is the Doctor's.
+The small CNN of ``doctor_overhead.py`` trains for one epoch of 100 steps, bare and with ``Doctor()`` at its
+defaults, under ``sys.setprofile``; the calls of steps 41 to 48 are counted. Those steps are neither
+recorded (the warm-up is steps 0-4, then every 50th) nor checked (the rules run at the end of steps 24
+and 44), and the protocol's device checks do not look at them (every step of the first 32, then 4
+in every 32: steps 32-35 and 64-67). Until stop 39 steps 21 to 28 were counted: older figures include the
+protocol's fingerprint, label copy and graph tag. Python calls are listed by module and function, calls into
+C (``isinstance``, tensor methods) apart. The bare Learner's calls are subtracted, so what is listed is the
+Doctor's.
 
     python benchmarks/doctor_calls.py [--top N]
 """

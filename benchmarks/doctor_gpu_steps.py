@@ -3,8 +3,9 @@
 ``doctor_overhead.py --cuda`` gives one ratio per fit; this splits it. Each training step's end is marked
 three ways by a callback that runs last: a CUDA event (the device's time between two step ends), the wall
 clock and this thread's CPU time (the host's). Steps are sorted into those the Doctor recorded (the
-warm-up's first 10, then every 50th: per-layer statistics, hooks on), check steps (every 10th: the rules
-read their values in one bulk transfer) and plain steps, and the medians and sums printed for the bare
+warm-up's first 5, then every 50th: per-layer statistics, hooks on), check
+steps (the warm-up's end, then every 20th: the rules read their values in one bulk transfer) and plain
+steps, and the medians and sums printed for the bare
 Learner, ``Doctor()`` and ``Doctor(guard=False)`` (the guard reads one value per step before
 ``opt.step()``, which makes the host wait for the device).
 
@@ -30,8 +31,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import hookscope as hs
+from hookscope.doctor.engine import CHECK_EVERY
 
-STEPS, BATCH, CHECK_EVERY = 300, 64, 10
+STEPS, BATCH, WARMUP = 300, 64, 5
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int]] = {
     "cnn": (small_cnn, (1, 28, 28), 3),  # builder, input shape, rounds
     "resnet": (resnet18, (3, 224, 224), 2),
@@ -91,10 +93,10 @@ def show(name: str, fits: list) -> None:
     _, intervals, recorded = fits[-1]
     n = len(intervals["device"])
     recorded = sorted(s for s in recorded if 0 < s < n)
-    later = [s for s in range(CHECK_EVERY + 1, n) if s not in recorded]
+    later = [s for s in range(WARMUP + 1, n) if s not in recorded]
     kinds = {
-        "plain": [s for s in later if s % CHECK_EVERY],
-        "check": [s for s in later if not s % CHECK_EVERY],
+        "plain": [s for s in later if (s - WARMUP) % CHECK_EVERY],
+        "check": [s for s in later if not (s - WARMUP) % CHECK_EVERY],
         "recorded": recorded,
     }
     print(f"{name:<22}{per_step:8.2f} ms/step (median of fits); recorded steps: {recorded}")

@@ -14,11 +14,12 @@ looks at (its device checks and parameter hooks: every step of the first 32, the
 after each validation, :mod:`hookscope.doctor.protocol.looks`) and for those it does not; per recorded
 step after the warm-up (every 50th: the statistics recorders switch their hooks on, take each watched
 layer's output and output gradient, the parameters' gradient norms and update ratios, and switch the hooks
-off); per check (the rules every 10 steps, those after a recorded step and the last one left out: they
-read the statistics), the microseconds inside each part of a check; and every check of a fit by kind — the
-first (it reads the 10 records of the warm-up), those after a recorded step (they read its statistics and
-run the record rules again; every 50 steps the timing recorder's rules run then too), the plain ones and
-the last one (at the end of the fit) — in milliseconds a check and a fit.
+off); per check (the rules at the warm-up's end, step 4, then every ``CHECK_EVERY`` = 20 steps; those
+after a recorded step and the last one left out: they read the statistics), the microseconds inside each
+part of a check; and every check of a fit by kind — the first (it reads the 5 records of the warm-up,
+steps 0-4), those after a recorded step (they read its statistics and run the
+record rules again), the plain ones and the last one (at the end of the fit) — in milliseconds a check
+and a fit. The timing recorder's rules run at the first check after every 50 steps, of either kind.
 
 These are the Doctor's own times on caches the step's kernels left cold (a small op costs 20-80 µs
 there, a Python call about 1-2 µs), not what the step loses in all: the hooks' dispatch by torch and what
@@ -46,7 +47,7 @@ from torch import nn
 import hookscope as hs
 from hookscope.callbacks.doctor import Doctor
 from hookscope.callbacks.guard import NonFiniteGuard
-from hookscope.doctor.engine import Engine
+from hookscope.doctor.engine import CHECK_EVERY, Engine
 from hookscope.doctor.guard import BatchJournal, NonFiniteCheck
 from hookscope.doctor.protocol.looks import Looks
 from hookscope.doctor.protocol.recorder import ProtocolRecorder
@@ -55,7 +56,7 @@ from hookscope.doctor.timing import memory
 from hookscope.doctor.timing.recorder import TimingRecorder
 from hookscope.train.callback import Callback
 
-STEPS, EPOCHS, CHECK_EVERY, RECORD_EVERY, WARMUP = 300, 3, 10, 50, 10
+STEPS, EPOCHS, RECORD_EVERY, WARMUP = 300, 3, 50, 5
 
 # (class, method, the part it sits in: None for a step's top level) for the tables of a step
 STEP_PARTS: list[tuple[type, str, str | None]] = [
@@ -95,14 +96,24 @@ CHECK_PARTS: list[tuple[type, str, str | None]] = [
 ]
 
 
+def checked(step: int) -> bool:
+    """The rules run at the end of ``step``: the warm-up's last step, then every ``CHECK_EVERY``."""
+    return step >= WARMUP - 1 and (step - WARMUP + 1) % CHECK_EVERY == 0
+
+
 def plain(step: int) -> bool:
     """Neither recorded (the warm-up, every 50th step) nor checked, and not next to either."""
     return (
         step > WARMUP + 2
         and step % RECORD_EVERY not in (0, 1)
-        and step % CHECK_EVERY != CHECK_EVERY - 1
+        and not checked(step)
         and step % (STEPS // EPOCHS) not in (0, STEPS // EPOCHS - 1)
     )
+
+
+def after_record(step: int) -> bool:
+    """The check ending ``step`` is the first after a recorded step past the warm-up."""
+    return any(r >= RECORD_EVERY and r % RECORD_EVERY == 0 for r in range(step - CHECK_EVERY + 1, step + 1))
 
 
 def check_kind(step: int) -> str:
@@ -111,7 +122,7 @@ def check_kind(step: int) -> str:
         return "first (reads the warm-up's records)"
     if step == STEPS - 1:
         return "last (at the fit's end)"
-    if step % RECORD_EVERY == CHECK_EVERY - 1:
+    if after_record(step):
         return "after a recorded step"
     return "plain"
 
@@ -126,7 +137,7 @@ def step_kind(step: int) -> str | None:
 
 def plain_check(step: int) -> bool:
     """A check that reads no new statistics: not the first, not right after a recorded step, not the last."""
-    return step > WARMUP and step % RECORD_EVERY != CHECK_EVERY - 1 and step != STEPS - 1
+    return step > WARMUP and not after_record(step) and step != STEPS - 1
 
 
 class Timer:
@@ -259,7 +270,7 @@ def main() -> None:
         fit_once(steps, checks)  # each timer counts on its own steps of the same fits
     plain_steps = rounds * sum(plain(s) for s in range(STEPS))
     recorded = rounds * sum(step_kind(s) == "recorded" for s in range(STEPS))
-    plain_checks = rounds * sum(plain_check(s) for s in range(CHECK_EVERY - 1, STEPS, CHECK_EVERY))
+    plain_checks = rounds * sum(plain_check(s) for s in range(STEPS) if checked(s))
     step_rows = [(f"{c.__name__}.{n}", p) for c, n, p in STEP_PARTS] + [(h, None) for h in HOOKS.values()]
     top = sum(steps.seconds["plain"].get(label, 0.0) for label, parent in step_rows if parent is None)
     print(f"Doctor() from the inside: small CNN, {STEPS}-step fits x {rounds} rounds, 1 thread, perf_counter")

@@ -13,8 +13,8 @@ Variants, run alternating in the same process (medians over rounds, and the medi
   recorder, less its timing recorder, less both (the Doctor before the checks around the model and the
   timing), and the engine alone (less the guard too), as ``doctor_parts.doctor_without`` builds them.
 
-The Doctor's defaults take the per-layer statistics on an adaptive schedule (every step of the first
-10, then every 50th, densely again while a check is suspicious) and keep the loss at every step, so its
+The Doctor's defaults take the per-layer statistics on an adaptive schedule (every step of the first 5,
+then every 50th, densely again while a check is suspicious) and keep the loss at every step, so its
 cost depends on the fit's length: the table says how many steps were timed. AdamW(lr=1e-3), in-memory
 tensors, CPU, one thread; an epoch ends with one validation batch. Target: ``Doctor()`` at most 1.05x.
 
@@ -23,8 +23,8 @@ the paired ratio again over the rounds in which neither variant took more than 1
 allocator drifts between fits into and out of a regime that faults every step, in either variant, and
 such a round compares the allocator, not the code (``common.KernelMeter``).
 
-A third table times one check of the engine (the rules every ``check_every`` = 10 steps) late in a long
-run: an engine holding a synthetic loss history of 1,000 / 10,000 / 100,000 steps, fed 10 new losses per
+A third table times one check of the engine (the rules every ``check_every`` = 20 steps) late in a long
+run: an engine holding a synthetic loss history of 1,000 / 10,000 / 100,000 steps, fed 20 new losses per
 check, as in training, over 200 checks (enough to include the stall rule's runs, every 64th of the run).
 
 ``--cuda``: the same tables on the GPU (the model and the in-memory data on ``cuda``, the wall clock,
@@ -170,23 +170,26 @@ def measure(
 
 
 def check_cost(lengths: tuple[int, ...], checks: int, clock: Callable[[], float]) -> None:
-    """Print the time of one engine check at each loss-history length (10 new losses per check)."""
-    from hookscope.doctor.engine import Engine
+    """Print the time of one engine check at each loss-history length (``CHECK_EVERY`` new losses per
+    check)."""
+    from hookscope.doctor.engine import CHECK_EVERY, Engine
 
-    print(f"One Doctor check late in a run (10 new losses per check, {checks} checks, {clock.__name__}):")
+    new = CHECK_EVERY
+    print(f"One Doctor check late in a run ({new} new losses per check, {checks} checks, {clock.__name__}):")
     gen = torch.Generator().manual_seed(0)
     for n in lengths:
         engine = Engine(every=None, quiet=True)
         engine.attach(nn.Sequential(nn.Linear(4, 4)))
-        noise = torch.rand(n + 10 * checks, generator=gen).tolist()
+        noise = torch.rand(n + new * checks, generator=gen).tolist()
         engine.record_losses((i, 2.0 * 0.99995**i + 0.1 * noise[i]) for i in range(n))
         engine.check()
         start = clock()
         for c in range(checks):
-            engine.record_losses((i, 1.0 + 0.1 * noise[i]) for i in range(n + 10 * c, n + 10 * c + 10))
+            engine.record_losses((i, 1.0 + 0.1 * noise[i]) for i in range(n + new * c, n + new * (c + 1)))
             engine.check()
         per_check = (clock() - start) / checks
-        print(f"  at step {n:>7,}: {per_check * 1e3:7.3f} ms per check, {per_check * 1e5:6.2f} us per step")
+        per_step = per_check / new
+        print(f"  at step {n:>7,}: {per_check * 1e3:7.3f} ms per check, {per_step * 1e6:6.2f} us per step")
 
 
 def doctor_variants(run: Callable[[dict | None], float]) -> dict[str, Callable[[], float]]:

@@ -5,7 +5,8 @@
 Learner and in ``Doctor()``, and the steps are told apart by what the Doctor did in them:
 
 - recorded: the cadence recorded the step (every step of the warm-up, then every 50th);
-- checked: the rules ran at the end of the step (every 10th), the step not recorded;
+- checked: the rules ran at the end of the step (the warm-up's last, then every 20th), the step not
+  recorded;
 - plain: neither; most steps of any run.
 
 The same is measured with only one of the Doctor's three per-step parts left in (the guard, the timing

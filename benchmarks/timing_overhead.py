@@ -3,7 +3,8 @@
 A plain loop trains a small CNN (two conv blocks and a linear head): 1x28x28 random images, batch 64,
 AdamW, CPU, one thread, 300 steps. Bare, and with the recorder fed as ``hs.watch`` feeds the engine:
 its own forward pre/post hooks on the model's root, the optimizer's step pre/post hooks (gradients
-ready, step done, end of batch, next batch), the loss logged every step, the rules every 10 steps.
+ready, step done, end of batch, next batch), the loss logged every step, the rules every
+``hookscope.doctor.engine.CHECK_EVERY`` (20) steps.
 Variants alternate over rounds; the table gives the median per-step time and the median of per-round
 ratios. Target: at most 1.02x.
 
@@ -43,9 +44,9 @@ from protocol_overhead import BATCH, Tiny, batches
 from stats_overhead import small_cnn
 from torch import nn
 
+from hookscope.doctor.engine import CHECK_EVERY
 from hookscope.doctor.timing import TimingRecorder
 
-CHECK_EVERY = 10
 VARIANT = "+ TimingRecorder"
 
 
@@ -53,7 +54,7 @@ def feed(model: nn.Module, opt: torch.optim.Optimizer) -> TimingRecorder:
     """A TimingRecorder fed from the optimizer's hooks, as hs.watch feeds the engine."""
     recorder = TimingRecorder()
     recorder.attach(model)
-    return feed_from_optimizer(recorder, opt, CHECK_EVERY)
+    return feed_from_optimizer(recorder, opt)
 
 
 def train(

@@ -4,8 +4,8 @@ Under ``torch.cuda.set_sync_debug_mode("warn")`` every synchronising call warns,
 line that made it. :class:`SyncWindow` turns the mode on in :meth:`~SyncWindow.open` and off again in
 :meth:`~SyncWindow.close`, and counts the warnings in between per ``(file, line)``. The tests watch the
 optimizer steps ``FIRST`` to ``LAST`` of :func:`small_cnn`'s training: those steps are neither recorded
-by the doctor (steps 0-9, then every 50th), nor checked (its rules read their values in one bulk transfer
-at the end of steps 9, 19, 29, ...), nor sampled by its ``host_syncs`` probe (steps 10, 30 and 50).
+by the doctor (steps 0-4, then every 50th), nor checked (its rules read their values in one bulk transfer
+at the end of steps 4, 24, 44, ...), nor sampled by its ``host_syncs`` probe (steps 10, 30 and 50).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 
 from hookscope.doctor.timing.host_syncs import SYNC_WARNING
 
-FIRST, LAST = 21, 28
+FIRST, LAST = 31, 38
 
 
 def small_cnn() -> nn.Sequential:

@@ -184,8 +184,8 @@ def test_a_healthy_model_gives_no_finding_and_is_recorded_on_the_doctors_schedul
     w = _plain_loop(mlp(depth=3), steps=23)
     assert w.findings == []
     assert w.step == 23
-    assert [r.step for r in w.activations["0"]] == list(range(10))  # the warm-up; then every 50th step
-    assert [r.step for r in w.param_history["0.weight"]] == list(range(10))
+    assert [r.step for r in w.activations["0"]] == list(range(5))  # the warm-up; then every 50th step
+    assert [r.step for r in w.param_history["0.weight"]] == list(range(5))
     assert set(w.gradients) == set(w.activations) == {"0", "1", "2", "3", "4"}  # every leaf
     torch.manual_seed(0)
     every = _plain_loop(mlp(depth=3), steps=23, every=1)
@@ -390,8 +390,9 @@ def test_after_check_listeners_get_the_new_findings_of_each_check_and_the_final_
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-    # the rules ran after steps 3 and 6 (the step count is raised just after the check) and at close
-    assert checks == [(2, [("dead_units", "3")]), (5, []), (7, [])]
+    # the rules ran after steps 3 and 5 (every 3 steps, and at the end of the 5-step warm-up, whence the
+    # count starts again; the step count is raised just after the check) and at close
+    assert checks == [(2, [("dead_units", "3")]), (4, []), (7, [])]
     silent = hs.watch(nn.Linear(2, 2), stats=False, doctor=False, guard=True)
     silent.after_check.append(checks.append)
     silent.close()

@@ -1,8 +1,8 @@
 """``hs.watch`` in a hand-written loop on a GPU: what syncs the host in a step.
 
-As ``tests/callbacks/test_doctor_on_cuda.py`` does for the Learner: the syncs of optimizer steps 21 to
-28 are caught. Those steps are neither recorded (steps 0-9, then every 50th), nor checked (the rules
-read their values in one bulk transfer at the end of steps 9, 19, 29, ...), nor sampled by the
+As ``tests/callbacks/test_doctor_on_cuda.py`` does for the Learner: the syncs of optimizer steps 31 to
+38 are caught. Those steps are neither recorded (steps 0-4, then every 50th), nor checked (the rules
+read their values in one bulk transfer at the end of steps 4, 24, 44, ...), nor sampled by the
 ``host_syncs`` probe (steps 10, 30 and 50). The loop itself reads nothing: its data is on the device,
 its batches are taken with a permutation on the device, and the loss goes to ``w.log`` with the targets
 (the label mix copies them into a device ring).

@@ -49,7 +49,7 @@ from torch import nn
 
 from hookscope import compat
 from hookscope._deprecation import renamed_keywords
-from hookscope.doctor.engine import Engine
+from hookscope.doctor.engine import CHECK_EVERY, Engine
 from hookscope.doctor.findings import Finding, Findings, Thresholds
 from hookscope.doctor.guard import BatchJournal, LateVerdict, NonFiniteCheck, reads_late, stop_message
 from hookscope.doctor.record_types import ParamRecord, StepStats
@@ -82,7 +82,7 @@ class NonFiniteError(RuntimeError):
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Watch:
     """Watch ``model`` while a hand-written loop trains it: ``hs.watch(model, opt, doctor=True, stats=True,
-    guard=False, select=None, every=None, check_every=10, thresholds=None, quiet=False, path=None,
+    guard=False, select=None, every=None, check_every=20, thresholds=None, quiet=False, path=None,
     loader=None)``; the options are keyword-only, see :class:`Watch`."""
     return Watch(model, optimizer, **options)
 
@@ -116,7 +116,7 @@ class Watch:
         late: bool | None = None,
         select: Spec = None,
         every: int | None = None,
-        check_every: int = 10,
+        check_every: int = CHECK_EVERY,
         thresholds: Thresholds | None = None,
         quiet: bool = False,
         path: str | Path | None = None,

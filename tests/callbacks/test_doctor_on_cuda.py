@@ -1,9 +1,9 @@
 """The Learner with its default callbacks, and with the Doctor, on a GPU: what syncs the host in a step.
 
 Under ``torch.cuda.set_sync_debug_mode("warn")`` every synchronising call warns, attributed to the Python
-line that made it. The calls of training steps 21 to 28 are caught: those steps are neither recorded (the
-warm-up is steps 0-9, then every 50th), nor checked (the rules read their values in one bulk transfer at
-the end of steps 19 and 29: once per check, by design), nor sampled by the Doctor's own ``host_syncs``
+line that made it. The calls of training steps 31 to 38 are caught: those steps are neither recorded (the
+warm-up is steps 0-4, then every 50th), nor checked (the rules read their values in one bulk transfer at
+the end of steps 24 and 44: once per check, by design), nor sampled by the Doctor's own ``host_syncs``
 probe (steps 10, 30 and 50). ``progress=False``: a displayed bar reads the smoothed loss at most every
 0.5 s, whichever step that falls in.
 

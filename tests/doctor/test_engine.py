@@ -46,6 +46,32 @@ def test_fed_by_hand_the_engine_finds_the_dead_layer_once_and_dates_it():
     assert sum(len(m._forward_hooks) for m in model.modules()) == 0
 
 
+def _checked_steps(engine, model, steps, batches_per_step=1):
+    """The training steps at whose end a check ran, with ``batches_per_step`` batches a step (the last
+    call of end_batch per batch, as under gradient accumulation)."""
+    checked = []
+    engine.after_check.append(lambda new: checked.append(engine._step))
+    engine.attach(model)
+    x = torch.rand(4, 8)
+    for step in range(steps):
+        for _ in range(batches_per_step):
+            engine.begin_batch(step, training=True)
+            engine.log_loss(model(x).square().mean(), training=True)
+            engine.end_batch()
+    return checked
+
+
+def test_the_first_check_comes_at_the_warmups_end_then_every_check_every_steps():
+    model = _dead_model()
+    adaptive = Engine(every=None, quiet=True)  # the Doctor's defaults: warm-up of 5, a check every 20
+    assert _checked_steps(adaptive, model, 50) == [4, 24, 44]
+    # several batches of the warm-up's last step (gradient accumulation): one warm-up check among them
+    assert _checked_steps(Engine(every=None, quiet=True), model, 8, batches_per_step=3).count(4) == 1
+    fixed = Engine(every=1, quiet=True)  # no warm-up: the first check after check_every steps
+    assert _checked_steps(fixed, model, 60) == [19, 39, 59]
+    assert _checked_steps(Engine(every=None, check_every=5, quiet=True), model, 16) == [4, 9, 14]
+
+
 def test_records_are_kept_only_on_the_interval():
     model = _dead_model()
     engine = Engine(every=2, check_every=100, quiet=True)
@@ -195,6 +221,7 @@ def test_a_million_steps_of_losses_keep_memory_and_checkpoint_size_flat():
     feed(900_000, 1_000_000)
     held_growth = tracemalloc.get_traced_memory()[0] - held_before
     tracemalloc.stop()
+    engine.check()  # the losses since the last check (every 1,000 steps from the warm-up's, at step 4)
     assert engine.losses.total == 1_000_000 and kept_early <= HEAD + SIZE >= len(engine.loss_history)
     assert held_growth < 1_000_000  # bytes, whatever was allocated since and is still held
     # kept losses (3 numbers each in a checkpoint) refill between two thinnings: at most twice as many

@@ -27,7 +27,8 @@ def test_a_fixed_cadence_doubles_its_interval_with_each_thinning_the_adaptive_on
     assert fixed.every == 12 and [s for s in range(25) if fixed(s)] == [0, 12, 24]
     adaptive = Cadence(None)
     adaptive.follow(3)
-    assert adaptive.every == 50 and [s for s in range(101) if adaptive(s)] == [*range(10), 50, 100]
+    assert adaptive.every == 50 and [s for s in range(101) if adaptive(s)] == [*range(5), 50, 100]
+    assert adaptive.warmup == 5 and fixed.warmup == 0  # the engine's first check comes at its end
 
 
 def test_a_bad_interval_is_refused_naming_the_owner():

@@ -144,14 +144,14 @@ def test_the_adaptive_schedule_is_sparse_when_healthy_and_dense_once_suspicious(
     engine = Engine(every=None, quiet=True)
     engine.attach(model)
     _train(engine, model, torch.optim.SGD(model.parameters(), 0.05), 160)
-    assert [r.step for r in engine.gradients.param_history["0.weight"]] == [*range(10), 50, 100, 150]
+    assert [r.step for r in engine.gradients.param_history["0.weight"]] == [*range(5), 50, 100, 150]
     assert engine.findings == []
 
     model = _mlp()
     engine = Engine(every=None, quiet=True)
     engine.attach(model)
     _train(engine, model, torch.optim.SGD(model.parameters(), 0.05), 80, fault_at=30)
-    # the sparse record of step 50 shows dead units; the check after step 59 turns dense recording on
-    assert [r.step for r in engine.gradients.param_history["0.weight"]] == [*range(10), 50, *range(60, 70)]
+    # the sparse record of step 50 shows dead units; the check after step 64 turns dense recording on
+    assert [r.step for r in engine.gradients.param_history["0.weight"]] == [*range(5), 50, *range(65, 80)]
     (dead,) = [f for f in engine.findings if f.kind == "dead_units"]
     assert (dead.module, dead.step) == ("1", 50)

@@ -321,8 +321,10 @@ class StepsRead(Callback):
 
 def test_the_times_are_read_at_the_doctors_checks_only_when_the_timing_rules_are_due():
     seen = StepsRead()
-    learner(in_memory(), seen).fit(4)  # 64 steps, a check every 10; the timing's rules every 50 steps
-    assert seen.seen == [0] * 9 + [10] * 50 + [60] * 5
+    # 80 steps, checks at the end of steps 4 (the warm-up's), 24, 44 and 64; the timing's rules at the first
+    # check and then at the first with 50 new steps
+    learner(in_memory(), seen).fit(5)
+    assert seen.seen == [0] * 4 + [5] * 60 + [65] * 16
 
 
 class SlowWhenEager(nn.Module):
@@ -345,7 +347,7 @@ def test_the_eager_steps_a_compiled_model_is_recorded_in_are_no_stalls():
     learn = hs.Learner(
         model, (in_memory(), None), nn.CrossEntropyLoss(), cbs=[Doctor(quiet=True)], progress=False
     )
-    learn.fit(13)  # 208 steps: recorded (eager) at 0-9, 50, 100, 150 and 200
+    learn.fit(13)  # 208 steps: recorded (eager) at 0-4, 50, 100, 150 and 200
     timing = learn.doctor.engine.timing
     noted = {s.step for s in timing.stalls.stalls if "a recorded step, run eagerly" in s.notes}
     assert {50, 100, 150, 200} <= noted  # seen as slow, and known for the doctor's own

@@ -43,7 +43,7 @@ from hookscope.callbacks.guard import NonFiniteGuard
 from hookscope.callbacks.layer_stats import LayerStatistics
 from hookscope.callbacks.schedule import LRScheduler, ParamScheduler
 from hookscope.doctor import rules
-from hookscope.doctor.engine import Engine
+from hookscope.doctor.engine import CHECK_EVERY, Engine
 from hookscope.doctor.findings import Finding, Thresholds
 from hookscope.doctor.preflight import preflight, training_loader
 from hookscope.doctor.preflight.overlap import train_valid_overlap
@@ -71,11 +71,12 @@ class Doctor(Callback):
     ``select`` picks the layers watched (None: every leaf module but pure reshapes such as Flatten, whose
     statistics are their input's). The per-layer statistics are the main cost (about 1.4x a small CNN's
     step when taken at every step), so by default (``every=None``) they follow the doctor's adaptive
-    schedule (:class:`hookscope.doctor.schedule.RecordingSchedule`: every step of the first 10, then every
-    50th, every step again while a check is suspicious), while the loss is read at every step;
-    ``every=k`` records every k-th step instead (doubled when the bounded histories are thinned).
+    schedule (:class:`hookscope.doctor.schedule.RecordingSchedule`: every step of the first 5, then
+    every 50th, every step again while a check is suspicious), while the loss is read at every
+    step; ``every=k`` records every k-th step instead (doubled when the bounded histories are thinned).
     Between recorded steps the Doctor's hooks — activations, gradients, saturation — are removed, not
-    just idle. The rules run every ``check_every`` steps.
+    just idle. The rules run every ``check_every`` (20) steps, the first time at the end of the warm-up
+    (step 5).
     ``guard=False`` leaves NaN/Inf alone (by default a ``NonFiniteGuard(select=False, quiet=True)`` joins
     the Learner beside the Doctor, as ``learn.doctor.guard``: the fit stops at the first non-finite loss
     or gradient, keeping the last good weights, and the Doctor names the module and op that made it).
@@ -97,7 +98,7 @@ class Doctor(Callback):
         self,
         select: Spec = None,
         every: int | None = None,
-        check_every: int = 10,
+        check_every: int = CHECK_EVERY,
         thresholds: Thresholds | None = None,
         guard: bool = True,
         quiet: bool = False,
@@ -317,7 +318,8 @@ def diagnose(
     ``loss_func``. ``data`` is a DataLoader, a ``DataLoaders``/``(train, valid)`` pair (the training loader
     is used) or one ``(inputs, targets)`` batch, repeated. The user's model and optimizer are untouched.
     Data with no batch raises a ValueError; class-index targets that are all one class are a
-    ``label_problem`` finding.
+    ``label_problem`` finding. The Doctor records every step (``every=1``) and checks every 10 steps
+    unless ``doctor_kw`` says otherwise.
     """
     if isinstance(learn_or_model, Learner):
         model = learn_or_model.model
@@ -330,7 +332,8 @@ def diagnose(
             f"diagnose: no loss function for {type(model).__name__}; pass loss_func=nn.CrossEntropyLoss() "
             "(or a Learner)"
         )
-    doctor = Doctor(quiet=quiet, check_every=max(1, min(10, steps)), **doctor_kw)
+    # a short probe: every step recorded (the adaptive schedule records the first 5, then every 50th)
+    doctor = Doctor(quiet=quiet, **({"every": 1, "check_every": max(1, min(10, steps))} | doctor_kw))
     loader = training_loader(data, "diagnose")
     require_batches(loader, "diagnose")
     targets = _TargetRange()

@@ -17,12 +17,13 @@ saturation (:mod:`hookscope.doctor.saturation`) and, when it diagnoses, the loop
 Whether a training step is recorded is decided once, in :meth:`~Engine.begin_batch`, by the engine's
 :class:`~hookscope.doctor.schedule.Cadence`, and handed to each recorder as a boolean.
 
-Every ``check_every`` training steps (and at :meth:`~Engine.close`), :meth:`~Engine.check` reads
-everything pending to the host (:meth:`~Engine.read_pending`, the one place where device statistics
-become host numbers) and runs the rules of :mod:`hookscope.doctor.rules` (:meth:`~Engine.diagnose`, the
-one place where rules run). New findings go to the :class:`~hookscope.doctor.finding_log.FindingLog`,
-which prints each once and keeps them in ``findings``. Every history the engine keeps is bounded (the
-recorders', the loss history's: :mod:`hookscope.doctor.loss_history`), in memory and in checkpoints.
+Every ``check_every`` training steps (20 by default; the first at the end of the recording warm-up, and
+the last at :meth:`~Engine.close`), :meth:`~Engine.check` reads everything pending to the host
+(:meth:`~Engine.read_pending`, the one place where device statistics become host numbers) and runs the
+rules of :mod:`hookscope.doctor.rules` (:meth:`~Engine.diagnose`, the one place where rules run). New
+findings go to the :class:`~hookscope.doctor.finding_log.FindingLog`, which prints each once and keeps
+them in ``findings``. Every history the engine keeps is bounded (the recorders', the loss history's:
+:mod:`hookscope.doctor.loss_history`), in memory and in checkpoints.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ from hookscope.hooks.stats import several_ranks, to_host
 # Records kept of each epoch's losses and of each validation phase: they grow by one an epoch, not a step;
 # ``overfitting`` and ``nonfinite_validation`` read the recent ones, so the oldest go past this bound.
 PER_EPOCH_RECORDS = 1024
+# Training steps between two checks. A check costs about the same on any model (0.6-1 ms on a CPU: the
+# bulk read and the rules), so it is a share of a short step; 20 halves that share against 10, and the
+# first check comes at the warm-up's end (step 5 of the adaptive schedule), where the faults of the
+# initialisation are found.
+CHECK_EVERY = 20
 
 
 class Engine:
@@ -62,18 +68,19 @@ class Engine:
     :func:`~hookscope.doctor.selection.computing_leaves`); statistics are taken every ``every``
     training steps (doubled when the bounded histories are thinned) — ``every=None``: on the adaptive
     :class:`~hookscope.doctor.schedule.RecordingSchedule` (every step at first, then sparsely, densely
-    again while a check is suspicious) — and the rules run every ``check_every`` steps; the loss is read
-    at every step. ``quiet=True`` only collects findings; ``max_print`` caps how many are printed.
-    ``diagnose=False`` records without running the rules. ``training_of``: None when the loop says
-    whether a batch trains (:meth:`begin_batch`); a function of the module when it cannot (``hs.watch``
-    asks each forward). ``owner`` names the caller in errors.
+    again while a check is suspicious) — and the rules run every ``check_every`` steps (and at
+    the end of the adaptive schedule's warm-up); the loss is read at every step. ``quiet=True`` only
+    collects findings; ``max_print`` caps how many are printed. ``diagnose=False`` records without
+    running the rules. ``training_of``: None when the loop says whether a batch trains
+    (:meth:`begin_batch`); a function of the module when it cannot (``hs.watch`` asks each forward).
+    ``owner`` names the caller in errors.
     """
 
     def __init__(
         self,
         select: Spec = None,
         every: int | None = 1,
-        check_every: int = 10,
+        check_every: int = CHECK_EVERY,
         thresholds: Thresholds | None = None,
         quiet: bool = False,
         max_print: int = 10,
@@ -126,6 +133,7 @@ class Engine:
         self._valid_losses: list[torch.Tensor] = []
         self._pending_valid: list[tuple[int, int, torch.Tensor]] = []
         self._steps_since_check = 0
+        self._checked_step = -1  # the training step of the last check
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
         self._reshapes: set[str] = set()
@@ -251,16 +259,22 @@ class Engine:
             recorder.discard_batch()
 
     def end_batch(self) -> None:
-        """The training step ends: close its windows; every ``check_every`` steps run :meth:`check`."""
+        """The training step ends: close its windows; every ``check_every`` steps, and at the end of the
+        recording warm-up (its records complete), run :meth:`check`."""
         if self._statistics_follow:
             for recorder in self._statistics:
                 recorder.end_batch()
         for recorder in self._every_step:
             recorder.end_batch()
         self._steps_since_check += 1
-        if self._steps_since_check >= self.check_every:
+        if self._steps_since_check >= self.check_every or self._warmup_ends():
             self.check()
             self.timing.leave_out()  # the doctor's own check is no part of the next step
+
+    def _warmup_ends(self) -> bool:
+        """This batch ends the last step of the recording warm-up, not checked yet (several batches of
+        one step, under gradient accumulation, are checked once)."""
+        return self._step + 1 == self.cadence.warmup and self._checked_step != self._step
 
     def begin_valid(self) -> None:
         self.activations.begin_valid()
@@ -333,7 +347,7 @@ class Engine:
     def check(self) -> list[Finding]:
         """Read what is pending, run every rule, print and keep the new findings, hand them to each
         ``after_check`` listener; returns them."""
-        self._steps_since_check = 0
+        self._steps_since_check, self._checked_step = 0, self._step
         self.read_pending()
         new: list[Finding] = []
         if self.diagnose_enabled:

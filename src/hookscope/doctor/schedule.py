@@ -10,8 +10,10 @@ A cadence is either a fixed interval, ``every``, which doubles each time a recor
 history (so the history keeps an even density), or the adaptive :class:`RecordingSchedule` (the
 doctor's default):
 
-- every step of the first ``warmup`` steps: faults of the initialisation (dead units, exploding or
-  vanishing gradients, a layer missing from the optimizer) are found as fast as with ``every=1``;
+- every step of the first ``warmup`` (5) steps: faults of the initialisation (dead units, exploding or
+  vanishing gradients, a layer missing from the optimizer) are found at the engine's first check, at
+  the warm-up's end — sooner than with ``every=1``, whose first check comes after ``check_every``
+  steps — since a rule needs its condition on ``patience`` (3) records in a row;
 - then every ``every``-th step (this interval does not change when a history is thinned: the records
   after a thinning are denser than the thinned ones before it);
 - every step again from a check that found a condition holding on the latest record but not yet for
@@ -33,7 +35,7 @@ class RecordingSchedule:
     """Record every step below ``warmup`` and below ``alert_until``, else the first ``window`` steps of
     every ``every`` (``window=1``: every ``every``-th step)."""
 
-    def __init__(self, warmup: int = 10, every: int = 50, window: int = 1) -> None:
+    def __init__(self, warmup: int = 5, every: int = 50, window: int = 1) -> None:
         if warmup < 0 or every < 1 or not 1 <= window <= every:
             raise ValueError(
                 f"RecordingSchedule: warmup={warmup}, every={every}, window={window}; use warmup >= 0, "
@@ -69,6 +71,12 @@ class Cadence:
         self.schedule = RecordingSchedule() if every is None else None
         self.base = every or 1
         self.thinnings = 0
+
+    @property
+    def warmup(self) -> int:
+        """Training steps of the adaptive schedule's warm-up (0 for a fixed interval): the engine's first
+        check comes at its end."""
+        return self.schedule.warmup if self.schedule is not None else 0
 
     @property
     def every(self) -> int:

@@ -3,7 +3,7 @@
 The per-step path only writes into a preallocated row (no allocation, no host read); :meth:`DeviceRing.take`
 turns the rows written since the last read into host arrays, keyed by the step each was committed at, and
 the number of values written in it. At most ``rows`` events are kept between two reads: older ones are
-overwritten (a check every 10 steps never comes near the default 64).
+overwritten (a check every 20 steps never comes near the default 64).
 """
 
 from __future__ import annotations
