@@ -134,6 +134,7 @@ class Engine:
         self._pending_valid: list[tuple[int, int, torch.Tensor]] = []
         self._steps_since_check = 0
         self._checked_step = -1  # the training step of the last check
+        self._last_warmup_step = self.cadence.warmup - 1  # -1 without a warm-up (a fixed cadence)
         self._sizes: dict[str, int] = {}
         self._matrices: set[str] = set()
         self._reshapes: set[str] = set()
@@ -267,14 +268,12 @@ class Engine:
         for recorder in self._every_step:
             recorder.end_batch()
         self._steps_since_check += 1
-        if self._steps_since_check >= self.check_every or self._warmup_ends():
+        # the warm-up's last step, its records complete, is checked once (under gradient accumulation
+        # it has several batches); compared inline: this runs at every step
+        warmup_ends = self._step == self._last_warmup_step and self._checked_step != self._step
+        if self._steps_since_check >= self.check_every or warmup_ends:
             self.check()
             self.timing.leave_out()  # the doctor's own check is no part of the next step
-
-    def _warmup_ends(self) -> bool:
-        """This batch ends the last step of the recording warm-up, not checked yet (several batches of
-        one step, under gradient accumulation, are checked once)."""
-        return self._step + 1 == self.cadence.warmup and self._checked_step != self._step
 
     def begin_valid(self) -> None:
         self.activations.begin_valid()
