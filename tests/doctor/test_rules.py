@@ -81,6 +81,17 @@ def test_a_rise_within_the_batch_noise_of_a_loss_near_zero_is_no_divergence():
     assert steep.step == 3
 
 
+def test_a_loss_below_zero_has_no_floor_to_diverge_from():
+    """REINFORCE (pytorch/examples reinforcement_learning/reinforce.py): minus the log-probabilities times
+    the episode's normalised returns, summed — noise around zero, negative about half the time. Its
+    smoothed value at -0.33 made any value "far above" 4 x its best (-1.3): a divergence at step 2."""
+    surrogate = [-0.41, -0.25, -0.33, 0.12, -0.08, 0.31, -0.52, 0.05, 0.22, -0.17, 0.40, -0.29, 0.15, 0.33]
+    assert loss_divergence(list(enumerate(surrogate)), TH) == []
+    # a non-negative loss that reached exactly zero (a hinge loss) still has its floor
+    hinge = [1.0, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 3.0, 4.0]
+    assert [f.step for f in loss_divergence(list(enumerate(hinge)), TH)] == [10]
+
+
 def test_a_blow_up_that_falls_back_is_a_divergence_its_own_rise_being_no_noise():
     # an MLP on digits with SGD at lr 10 (tests/integrations/optuna_support.py): the loss shoots up to
     # 741 in four steps and falls back near chance with 97% of the units dead; a noise measured over the
@@ -105,14 +116,18 @@ def _first_divergence(values, window=3, factor=4.0, noise=DIVERGENCE_NOISE):
         end = i + window - 1  # the step of this mean's last loss: changes[end - 1] is its change
         before = changes[max(0, end - NOISE_SPAN) : end][:-window]
         rose = len(before) < NOISE_MIN or mean - means[0] > noise * statistics.median(before)
-        if mean > factor * min(means[: i + 1]) and rose:
+        best = min(means[: i + 1])
+        if best < 0:  # a loss below zero has no floor to rise from: silent from then on
+            return None
+        if mean > factor * best and rose:
             return end
     return None
 
 
-# a few levels far apart, so that falls, rises and starts above the best are common; now and then NaN/Inf
+# a few levels far apart, so that falls, rises and starts above the best are common; now and then NaN/Inf,
+# and now and then below zero
 losses = st.lists(
-    st.sampled_from([0.1, 1.0, 2.0, 3.0, 8.0, 30.0, math.inf, math.nan]) | st.floats(0, 100), max_size=40
+    st.sampled_from([-1.0, 0.1, 1.0, 2.0, 3.0, 8.0, 30.0, math.inf, math.nan]) | st.floats(-5, 100), max_size=40
 )
 
 

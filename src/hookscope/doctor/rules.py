@@ -337,7 +337,10 @@ class DivergenceScan:
     ``loss_divergence`` says of every loss so far: the first step whose smoothed loss was above
     ``factor`` times the best smoothed loss until then, and above the start by more than ``noise``
     times the loss's batch-to-batch noise, once the history holds two windows, and nothing once a loss
-    was not finite (that is the guard's business).
+    was not finite (that is the guard's business). A loss whose smoothed value went below zero (a
+    policy-gradient surrogate, a WGAN critic, the negative log-likelihood of a density) has no floor that a
+    ratio to its best could measure a rise from: the scan says nothing of it from then on, as
+    :func:`stalled_loss` says nothing of a start at or below zero.
 
     The noise is the median change from one loss to the next over the last :data:`NOISE_SPAN` losses before
     the rising window (about the standard deviation of a loss around its level, whatever its trend; the rise
@@ -374,7 +377,7 @@ class DivergenceScan:
             if self._start == math.inf:
                 self._start = mean
             self._best = min(self._best, mean)
-            if mean <= self.factor * self._best:
+            if self._best < 0 or mean <= self.factor * self._best:  # below 0: no floor to rise from
                 continue
             noise = self._batch_noise()
             if self._rose(mean, noise):
