@@ -56,7 +56,7 @@ def test_channels_last_inputs_are_fingerprinted_without_a_copy():
     assert not x.is_contiguous()
     for _ in range(4):
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        nn.functional.cross_entropy(model(x.clone()), y).backward()  # a clone keeps channels_last
         opt.step()
     assert _kinds(feed.close())["repeated_batch"].evidence["steps"] == 4
     flat = batches._flat_view(x)  # what is sampled: the batch's own memory, not a copy of it
@@ -71,6 +71,67 @@ def test_one_batch_per_epoch_by_design_is_silent():
     assert "repeated_batch" not in _kinds(found)
 
 
+def test_the_same_tensor_at_every_step_is_one_batch_on_purpose():
+    """pytorch.org's "Learning PyTorch with Examples": a polynomial fitted to 2,000 fixed points, the same
+    tensor given to the model at every step (full-batch training). A loader that starts a new pass at
+    every step makes a new tensor of the same values each time: that one is named."""
+    torch.manual_seed(0)
+    x = torch.linspace(-3.14, 3.14, 2000)
+    xx, y = x.unsqueeze(-1).pow(torch.tensor([1, 2, 3])), torch.sin(x)
+    for fresh, named in ((False, False), (True, True)):
+        model = nn.Sequential(nn.Linear(3, 1), nn.Flatten(0, 1))
+        opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+        feed = Feed(model, opt)
+        for _ in range(12):
+            loss = nn.functional.mse_loss(model(xx.clone() if fresh else xx), y, reduction="sum")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert ("repeated_batch" in _kinds(feed.close())) is named
+
+
+def _episodes(model, opt, feed, steps, states, accumulate=False):
+    """One optimizer step per sequence of ``states(step)`` inputs, each a forward with autograd: a
+    policy rolled out over an episode (REINFORCE), or micro-batches accumulated into one step."""
+    for step in range(steps):
+        opt.zero_grad()
+        for x in states(step):
+            out = model(x)
+            (
+                out.sum() if not accumulate else nn.functional.cross_entropy(out, torch.zeros(len(x)).long())
+            ).backward()
+        opt.step()
+    return _kinds(feed.close())
+
+
+def test_a_step_over_a_sequence_of_inputs_is_no_repeated_batch():
+    """REINFORCE (pytorch/examples reinforcement_learning): every episode starts from the same state, so
+    each step's first forward sees the same values, then the states the episode visits. Gradient
+    accumulation with `next(iter(loader))` runs the same batch in every forward of the step: named."""
+    torch.manual_seed(0)
+    start = torch.zeros(1, 8)
+    start[0, 0] = 1.0
+
+    def episode(step):  # a new tensor of the start state, again where a move left hit the wall, then on
+        again = [start.clone()] * (step % 2)
+        return [start.clone(), *again, *torch.rand(3 + step % 4, 1, 8).unbind(0)]
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    assert "repeated_batch" not in _episodes(model, opt, Feed(model, opt), 12, episode)
+    walk = torch.rand(6, 1, 8)  # a converged policy in a deterministic world: every episode the same walk
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    same_walk = _episodes(model, opt, Feed(model, opt), 12, lambda step: [start.clone(), *walk.clone()])
+    assert "repeated_batch" not in same_walk
+
+    batch = torch.rand(16, 8)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    found = _episodes(model, opt, Feed(model, opt), 12, lambda step: [batch.clone() for _ in range(4)], True)
+    assert found["repeated_batch"].evidence["steps"] == 5  # steps 0-4, at the first check
+
+
 def test_integer_inputs_are_fingerprinted():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 12, 2))
@@ -79,7 +140,7 @@ def test_integer_inputs_are_fingerprinted():
     tokens, labels = torch.randint(0, 50, (4, 12)), torch.tensor([0, 1, 0, 1])
     for step in range(6):
         opt.zero_grad()
-        x = tokens if step >= 2 else torch.randint(0, 50, (4, 12))
+        x = tokens.clone() if step >= 2 else torch.randint(0, 50, (4, 12))
         nn.functional.cross_entropy(model(x), labels).backward()
         opt.step()
     finding = _kinds(feed.close())["repeated_batch"]
@@ -165,6 +226,7 @@ def test_keyword_inputs_are_fingerprinted():
     batch = {"input_ids": torch.randint(0, 50, (4, 12))}
     for _ in range(5):
         opt.zero_grad()
-        nn.functional.cross_entropy(model(**batch), torch.tensor([0, 1, 0, 1])).backward()
+        inputs = {name: t.clone() for name, t in batch.items()}  # collated anew, as a loader does
+        nn.functional.cross_entropy(model(**inputs), torch.tensor([0, 1, 0, 1])).backward()
         opt.step()
     assert _kinds(feed.close())["repeated_batch"].evidence["steps"] == 5

@@ -6,9 +6,18 @@ with autograd of each watched optimizer step (:mod:`~.looks`) is fingerprinted o
 weighted sums of at most :data:`SAMPLE` of its values, taken at a prime stride over the whole tensor (so a
 stride never lines up with an image's rows and samples only its constant border), written into a
 :class:`~.ring.DeviceRing`. A check reads the new fingerprints in one transfer; :data:`REPEATS` equal ones
-of consecutive steps are a finding. Training on one batch on purpose (a dataset that fits in one batch,
-overfitting a batch as a test) looks the same: the loop can say so with ``batches_per_epoch=1``, which
-switches the check off. A model whose first input is constant (a fixed mask or position ids given before
+of consecutive steps are a finding. Only inputs that are new tensors are fingerprinted: a loader makes a
+new batch tensor at every step, also when it starts a new pass each time, whereas a loop that trains on
+one batch on purpose (full-batch training on a small data set, fitting a curve to fixed points, overfitting
+a batch as a test) hands the model the very tensor it handed it the step before — that input is skipped
+(a weak reference to the last one, no device work). A step that runs the model more than once adds up
+the fingerprints of its later forwards' inputs beside its first's: when they are not all its first's, the
+step ran the model over a sequence — a REINFORCE episode from the same start state, a decoder fed token
+by token after the same start token, however alike two episodes are once the policy has converged — and
+is no batch to repeat; gradient accumulation over a repeated batch gives every forward the same inputs
+and counts. A loop that makes a new tensor of the same batch at
+every step (``x.to(device)`` inside the loop) can say so with ``batches_per_epoch=1``, which switches the
+check off. A model whose first input is constant (a fixed mask or position ids given before
 the data) would need another tensor to look at; an input that is a view with gaps (a slice of a larger
 tensor) is skipped rather than copied.
 
@@ -28,7 +37,9 @@ series, in order is fine; the label mix decides).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
 from collections import deque
 from typing import Any
 
@@ -53,13 +64,18 @@ PLANS = 64  # input sizes whose sampling plan is kept
 
 
 class RepeatedBatch:
-    """Fingerprints of each optimizer step's first input, and the longest run of equal ones."""
+    """Fingerprints of each optimizer step's first input (and its second forward's), and the longest run
+    of equal ones."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # off: training on one batch is the plan
-        self.ring = DeviceRing(RING_ROWS, 2)
         self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
-        self._taken = False  # this step's fingerprint is written
+        self.ring = DeviceRing(RING_ROWS, 4)  # the fingerprints of a step's first and second input
+        self._forwards = 0  # forwards with autograd in this step
+        self._written = False  # the first one's fingerprint is in the ring's next row (a skipped one's not)
+        self._rest = True  # and every later one's is added into the row's last two values
+        self._counts: deque[tuple[int, int]] = deque(maxlen=RING_ROWS)  # (step, forwards) of steps of several
+        self._input: weakref.ref[torch.Tensor] | None = None  # the input of the last step seen
         self._step = 0
         self._last: tuple[float, float] | None = None
         self._last_step = -1  # the step of the last fingerprint read
@@ -71,10 +87,24 @@ class RepeatedBatch:
             self._step = step
 
     def forward(self, inputs: torch.Tensor | None) -> None:
-        """A forward with autograd: fingerprint its first input once per optimizer step."""
-        if not self.enabled or self._taken or inputs is None:
+        """A forward with autograd: fingerprint the first input of the step's first forward, unless it is
+        the tensor the step before was given (one batch on purpose), and add up those of its later
+        forwards (a step that runs the model over a sequence: see the module's docstring)."""
+        if not self.enabled or inputs is None:
             return
-        self._taken = True
+        self._forwards += 1
+        if self._forwards == 1:
+            if self._input is not None and self._input() is inputs:
+                return
+            self._input = weakref.ref(inputs)
+            self._written = self._fingerprint(inputs, self.ring.row(inputs.device, 2), add=False)
+        elif self._written and self._rest:
+            rest = self.ring.row(inputs.device)[2:]
+            self._rest = self._fingerprint(inputs, rest, add=self._forwards > 2)
+
+    def _fingerprint(self, inputs: torch.Tensor, out: torch.Tensor, add: bool) -> bool:
+        """Write (``add``: add) the fingerprint of ``inputs`` into ``out``; False where its values cannot
+        be sampled without a copy (a view with gaps)."""
         x = inputs.detach() if inputs.requires_grad else inputs
         stride, weights = self._plan(x.numel(), x.device)
         if x.is_contiguous():  # every stride-th value in memory order, in one op
@@ -82,31 +112,44 @@ class RepeatedBatch:
         else:
             flat = _flat_view(x)
             if flat is None:
-                return
+                return False
             sample = flat[::stride]
         if sample.dtype != torch.float32:
             sample = sample.float()
-        out = self.ring.row(sample.device)
-        if torch.is_autocast_enabled(sample.device.type):
-            with torch.autocast(sample.device.type, enabled=False):
+        autocast = torch.is_autocast_enabled(sample.device.type)
+        with torch.autocast(sample.device.type, enabled=False) if autocast else contextlib.nullcontext():
+            if add:
+                out.addmv_(weights, sample)
+            else:
                 torch.mv(weights, sample, out=out)
-        else:
-            torch.mv(weights, sample, out=out)
+        return True
 
     def step_done(self) -> None:
-        if self._taken:
-            self.ring.commit(self._step)
-        self._taken = False
+        # a later forward that could not be fingerprinted leaves the step out (a gap breaks a run)
+        if self._written and self._rest:
+            self.ring.commit(self._step, 2 if self._forwards == 1 else 4)
+            if self._forwards > 1:
+                self._counts.append((self._step, self._forwards))
+        self.discard_batch()
 
     def discard_batch(self) -> None:
-        self._taken = False
+        self._forwards, self._written, self._rest = 0, False, True
 
     def read(self, host: np.ndarray) -> None:
-        """Follow the runs of equal fingerprints through the rows read."""
+        """Follow the runs of equal fingerprints of the steps' first inputs through the rows read. A step
+        whose later forwards' inputs differ from its first ran the model over a sequence (their sum is
+        not the first's times their number): it ends a run and starts none."""
+        counts = dict(self._counts)
+        self._counts.clear()
         for step, row in self.ring.take(host):
             value = (float(row[0]), float(row[1]))
+            if len(row) > 2:
+                later = counts.get(step, 2) - 1
+                if not _close((float(row[2]), float(row[3])), (later * value[0], later * value[1]), later):
+                    self._run, self._last, self._last_step = (step, 0), None, step
+                    continue
             start, length = self._run
-            in_a_row = step == self._last_step + 1 and self._equal(value)  # looks leave steps out
+            in_a_row = step == self._last_step + 1 and _close(value, self._last)  # looks leave steps out
             self._run = (start, length + 1) if in_a_row else (step, 1)
             self._last, self._last_step = value, step
             first_long_run = self.found is None and self._run[1] >= REPEATS
@@ -122,7 +165,8 @@ class RepeatedBatch:
             f"one batch over and over — typically `next(iter(loader))` inside the training loop, which "
             "starts a new pass and returns its first batch every time. Create the iterator once per "
             "epoch (`for x, y in loader:`), or keep one with `it = iter(loader)` outside the loop. "
-            "(Training on a single batch on purpose looks the same.)"
+            "(One batch on purpose, made anew at every step, looks the same: hand the model the same "
+            "tensor at every step, or call `plan_run(batches_per_epoch=1)`.)"
         )
         return [Finding("repeated_batch", "", start, "error", message, {"steps": steps})]
 
@@ -139,11 +183,6 @@ class RepeatedBatch:
         self._last_step = int(state.get("last_step", -1))  # older checkpoints: a run starts anew
         self._run = (int(state["run"][0]), int(state["run"][1]))
         self.found = tuple(state["found"]) if state["found"] else None  # type: ignore[assignment]
-
-    def _equal(self, value: tuple[float, float]) -> bool:
-        if self._last is None:
-            return False
-        return all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(value, self._last, strict=True))
 
     def _plan(self, n: int, device: torch.device) -> tuple[int, torch.Tensor]:
         """The sampling stride for ``n`` values and the weights of that many samples, on ``device``."""
@@ -277,6 +316,13 @@ def loader_not_shuffled(dataloader: Any) -> list[Finding]:
     # info: reading in order harms only data stored by class (a dataset shuffled once, or a time series,
     # reads in order on purpose); the batches' label mix is the evidence, a warning when it is far off
     return [Finding("unshuffled_data", "", 0, "info", message, evidence)]
+
+
+def _close(a: tuple[float, float], b: tuple[float, float] | None, terms: int = 1) -> bool:
+    """Whether two fingerprints (``a`` a float32 sum of ``terms`` of them) are equal but for rounding."""
+    if b is None:
+        return False
+    return all(abs(x - y) <= 1e-6 * terms * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
 
 
 def _flat_view(x: torch.Tensor) -> torch.Tensor | None:
