@@ -10,9 +10,11 @@ and every evaluation forward), a small sentinel is put in the metadata of its ou
 a weak reference to the sentinel kept (the last :data:`TRACKED` forwards). That node is an ancestor of
 everything computed from the output — the loss, a sum of losses, the output itself kept in a list — so
 it lives as long as any of them: the sentinels still alive at a check are the forwards whose graph is
-still held. A normal loop holds its last forward's (the ``out`` and ``loss`` variables), a few for
-models run several times a step (multi-crop, a siamese pair). More than :data:`KEPT` at two checks in a
-row, and more at the second, is a finding. Host objects only: no tensor is touched, and the loss need
+still held. The forwards of the optimizer step just done are not counted: their graphs fed that step's
+backward, and a loop holds them until its next step (the ``out`` and ``loss`` variables; a REINFORCE
+loop's list of an episode's log-probabilities, one forward per move). More than :data:`KEPT` forwards
+held past their step, or made outside any step (an evaluation with autograd), at two checks in a row,
+and more at the second, is a finding. Host objects only: no tensor is touched, and the loss need
 not be logged. Memory: on CUDA, the growth of ``torch.cuda.memory_allocated`` (a host counter) between
 the two checks, over the steps between them; on other devices it is not estimated.
 """
@@ -42,8 +44,9 @@ class GraphsKeptAlive:
     """Weak references to a sentinel in each logged loss's graph (see the module)."""
 
     def __init__(self) -> None:
-        self._alive: deque[tuple[int, weakref.ref]] = deque(maxlen=TRACKED)
+        self._alive: deque[tuple[int, int, weakref.ref]] = deque(maxlen=TRACKED)  # step, steps done, ref
         self._step = 0
+        self._steps_done = 0  # optimizer steps done: the forwards tagged with one less fed the last one
         self._device: torch.device | None = None
         self._last: tuple[int, int, int] | None = None  # (step, graphs alive, bytes allocated)
         self.found: tuple[int, int, int, float | None] | None = None  # step, forwards, steps, bytes/step
@@ -58,12 +61,17 @@ class GraphsKeptAlive:
         if node is None or METADATA_KEY in node.metadata:
             return
         sentinel = node.metadata[METADATA_KEY] = _Alive()
-        self._alive.append((self._step, weakref.ref(sentinel)))
+        self._alive.append((self._step, self._steps_done, weakref.ref(sentinel)))
         self._device = output.device
 
+    def step_done(self) -> None:
+        self._steps_done += 1
+
     def check(self) -> None:
-        """Count the forwards whose graph is still alive; two growing counts above :data:`KEPT` report."""
-        alive = [step for step, ref in self._alive if ref() is not None]
+        """Count the forwards whose graph is still alive, but for those of the step just done; two
+        growing counts above :data:`KEPT` report."""
+        last_step = self._steps_done - 1
+        alive = [step for step, done, ref in self._alive if done != last_step and ref() is not None]
         allocated = self._allocated()
         last, self._last = self._last, (self._step, len(alive), allocated)
         if self.found is not None or last is None or len(alive) <= KEPT or len(alive) <= last[1]:

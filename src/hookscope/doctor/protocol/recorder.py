@@ -116,6 +116,7 @@ class ProtocolRecorder:
         self.stale.step_done()
         self.modes.step_done()
         self.repeats.step_done()
+        self.graphs.step_done()
         self.lr.step_done()
 
     def step_cancelled(self) -> None:
