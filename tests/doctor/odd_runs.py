@@ -1035,6 +1035,98 @@ def _word_language_model_plain(run: OddRun, batch_size: int) -> Outcome:
 
 # ---- the suite -------------------------------------------------------------------------------------------
 
+# ---- programs with a loop of their own, and no Learner form ----------------------------------------------
+
+
+def tutorial_polynomial(steps: int = 600) -> tuple[Outcome, list[float]]:
+    """pytorch.org's "Learning PyTorch with Examples" (its nn and optim version): a third-degree polynomial
+    fitted to sin(x) at 2,000 fixed points, the same tensor given to the model at every step (full-batch
+    training), RMSprop at lr 1e-3, a summed squared error. Returns the doctor's outcome and the losses."""
+    torch.manual_seed(0)
+    x = torch.linspace(-math.pi, math.pi, 2000)
+    y = torch.sin(x)
+    xx = x.unsqueeze(-1).pow(torch.tensor([1, 2, 3]))
+    model = nn.Sequential(nn.Linear(3, 1), nn.Flatten(0, 1))
+    loss_fn = nn.MSELoss(reduction="sum")
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    losses = []
+    with hs.watch(model, opt) as w:
+        for _ in range(steps):
+            loss = loss_fn(model(xx), y)
+            w.log(loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return Outcome(w.findings, w.step), losses
+
+
+class Corridor:
+    """A deterministic corridor of 8 cells seen as one-hot vectors: move left (0) or right (1), 1 for
+    reaching the right end, -0.01 for every other move; every episode starts at the left end, where a
+    move left stays put. A stand-in for reinforce.py's CartPole (no gym here)."""
+
+    cells = 8
+
+    def reset(self) -> torch.Tensor:
+        self.at = 0
+        return F.one_hot(torch.tensor(self.at), self.cells).float()
+
+    def step(self, action: int) -> tuple[torch.Tensor, float, bool]:
+        self.at = min(self.cells - 1, max(0, self.at + (1 if action == 1 else -1)))
+        done = self.at == self.cells - 1
+        return F.one_hot(torch.tensor(self.at), self.cells).float(), 1.0 if done else -0.01, done
+
+
+def examples_reinforce(episodes: int = 150, moves: int = 40) -> tuple[Outcome, list[int]]:
+    """reinforcement_learning/reinforce.py in a :class:`Corridor`: its ``Policy`` (128 hidden units,
+    dropout 0.6, softmax), Adam at lr 1e-2, one forward per move with its log-probability kept in a list,
+    one optimizer step per episode on minus the log-probabilities times the normalised discounted returns
+    (gamma 0.99), the list replaced at the next episode. The loss is noise around zero, every episode's
+    first input is the same start cell, and once the policy walks straight right every episode is the
+    same walk. Returns the doctor's outcome and each episode's length."""
+    torch.manual_seed(0)
+    world = Corridor()
+    policy = nn.Sequential(
+        nn.Linear(world.cells, 128), nn.Dropout(p=0.6), nn.ReLU(), nn.Linear(128, 2), nn.Softmax(dim=1)
+    )
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    eps = torch.finfo(torch.float32).eps
+    lengths = []
+    with hs.watch(policy, opt) as w:
+        for _ in range(episodes):
+            state, log_probs, rewards = world.reset(), [], []
+            for _ in range(moves):
+                m = torch.distributions.Categorical(policy(state[None]))
+                action = m.sample()
+                log_probs.append(m.log_prob(action))
+                state, reward, done = world.step(int(action))
+                rewards.append(reward)
+                if done:
+                    break
+            returns, ret = [], 0.0
+            for reward in reversed(rewards):
+                ret = reward + 0.99 * ret
+                returns.insert(0, ret)
+            returns = torch.tensor(returns)
+            returns = (returns - returns.mean()) / (returns.std() + eps) if len(returns) > 1 else returns * 0
+            loss = torch.cat([-lp * r for lp, r in zip(log_probs, returns, strict=True)]).sum()
+            w.log(loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            lengths.append(len(rewards))
+    return Outcome(w.findings, w.step), lengths
+
+
+PROGRAMS: dict[str, Callable[[], tuple[Outcome, list]]] = {
+    "tutorial_polynomial": tutorial_polynomial,
+    "examples_reinforce": examples_reinforce,
+}
+"""Healthy programs whose loop is their own and has no Learner form: each returns the doctor's outcome
+under ``hs.watch`` at its defaults, and what shows that it learns."""
+
+
 RUNS: dict[str, Callable[[], OddRun]] = {
     "tiny_gan": tiny_gan,
     "cyclegan": cyclegan,
