@@ -127,7 +127,8 @@ def _first_divergence(values, window=3, factor=4.0, noise=DIVERGENCE_NOISE):
 # a few levels far apart, so that falls, rises and starts above the best are common; now and then NaN/Inf,
 # and now and then below zero
 losses = st.lists(
-    st.sampled_from([-1.0, 0.1, 1.0, 2.0, 3.0, 8.0, 30.0, math.inf, math.nan]) | st.floats(-5, 100), max_size=40
+    st.sampled_from([-1.0, 0.1, 1.0, 2.0, 3.0, 8.0, 30.0, math.inf, math.nan]) | st.floats(-5, 100),
+    max_size=40,
 )
 
 
