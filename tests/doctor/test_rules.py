@@ -228,6 +228,24 @@ def test_no_gradient_and_update_ratio_on_parameter_records():
     assert (ratio.module, ratio.evidence["update_ratio"]) == ("fast", 0.9) and "too large" in ratio.message
 
 
+def test_a_matrix_that_starts_at_zero_is_judged_once_it_has_grown():
+    """A ViT's position embedding (torch.zeros) under AdamW with a linear warm-up: each of the first steps
+    changes it by 2/(n+1) of its size, the whole of it at the first. Records at steps 0-4 (the warm-up),
+    then every 50th."""
+    grown = [ParamRecord(s, 0.1, 2 / (s + 2)) for s in range(5)] + [
+        ParamRecord(s, 0.1, 0.02) for s in (50, 100)
+    ]
+    for seen in (5, 6, 7):  # the checks at step 4, after the record of step 50, after that of step 100
+        assert update_ratio({"pos": grown[:seen]}, {"pos"}, TH) == []
+    # its learning rate far too high: the ratio stays large once it has grown, and that is named
+    hot = grown[:5] + [ParamRecord(s, 0.1, 0.9) for s in (50, 100, 150)]
+    (finding,) = update_ratio({"pos": hot}, {"pos"}, TH)
+    assert finding.step == 50 and finding.evidence["update_ratio"] == 0.9
+    # a matrix that did not start at zero is judged from its first records, as before
+    started = [ParamRecord(s, 0.1, 0.5) for s in range(1, 5)]
+    assert [f.step for f in update_ratio({"w": started}, {"w"}, TH)] == [2]
+
+
 def _noisy(level, slope, n=100, noise=0.05, seed=0):
     """``n`` losses ``level + slope * i`` plus Gaussian batch noise of ``noise``."""
     gen = torch.Generator().manual_seed(seed)

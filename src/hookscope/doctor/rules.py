@@ -281,10 +281,22 @@ def no_gradient(params: dict[str, list[ParamRecord]], th: Thresholds) -> list[Fi
 
 
 def update_ratio(params: dict[str, list[ParamRecord]], matrices: set[str], th: Thresholds) -> list[Finding]:
-    """Weight matrices whose update-to-weight ratio stays far from ~1e-3 for ``patience`` steps."""
+    """Weight matrices whose update-to-weight ratio stays far from ~1e-3 for ``patience`` steps.
+
+    A matrix that starts at zero (LoRA's ``B``, a ViT's position embedding or class token, ControlNet's zero
+    convolutions) is all updates: after n like-sized steps from zero each changes it by 1/n of its size (2/n
+    under a linear warm-up), whatever the learning rate. Its records from the step that found it at zero
+    (a ratio of exactly 1: ``||w_after - 0|| / ||w_after||``) until ``2 / update_high`` steps later are
+    left out; after that its ratio means what any matrix's does.
+    """
     findings: list[Finding] = []
+    grace = math.ceil(2 / th.update_high)
     for name in (n for n in params if n in matrices):
-        ratios = [r.update_ratio for r in params[name] if r.update_ratio is not None and r.grad_norm]
+        records = [r for r in params[name] if r.update_ratio is not None and r.grad_norm]
+        zero = next((r.step for r in records if abs(r.update_ratio - 1.0) < 1e-6), None)
+        if zero is not None:
+            records = [r for r in records if not zero <= r.step < zero + grace]
+        ratios = [r.update_ratio for r in records]
         if len(ratios) < th.patience:
             continue
         recent = sorted(ratios[-th.patience :])[th.patience // 2]
@@ -300,7 +312,7 @@ def update_ratio(params: dict[str, list[ParamRecord]], matrices: set[str], th: T
             Finding(
                 "update_ratio",
                 _module_of(name),
-                params[name][-th.patience].step,
+                records[-th.patience].step,
                 "warning",
                 f"`{name}` — each step changes it by {recent:.1e} of its size (a healthy rate is about "
                 f"1e-3): updates are too {too}. Usual fix: {fix}.",
