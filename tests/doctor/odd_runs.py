@@ -436,18 +436,66 @@ def warmup_cosine() -> OddRun:
     """A linear warm-up from 1% of the peak over the first 20 steps, then cosine decay to zero (per step)."""
     torch.manual_seed(0)
     train, valid = digits(batch_size=16)
-    total, warm = 2 * len(train), 20
+    schedule = warmup_then_cosine(0.01, 20, 2 * len(train))
+    return OddRun(
+        small_cnn(), train, nn.CrossEntropyLoss(), lr=1e-2, epochs=2, valid=valid, scheduler=schedule
+    )
+
+
+def warmup_then_cosine(start: float, warm: int, total: int) -> Callable[[torch.optim.Optimizer], Any]:
+    """A scheduler maker: a linear warm-up from ``start`` x the peak over ``warm`` steps, then cosine decay
+    to zero at step ``total``."""
 
     def schedule(opt: torch.optim.Optimizer) -> Any:
         lr = torch.optim.lr_scheduler
         return lr.SequentialLR(
             opt,
-            [lr.LinearLR(opt, 0.01, 1.0, total_iters=warm), lr.CosineAnnealingLR(opt, T_max=total - warm)],
+            [lr.LinearLR(opt, start, 1.0, total_iters=warm), lr.CosineAnnealingLR(opt, T_max=total - warm)],
             milestones=[warm],
         )
 
+    return schedule
+
+
+class TinyViT(nn.Module):
+    """A vision transformer as its papers write it: 4x4 patches of 16x16 digits embedded by a strided
+    convolution, a class token and position embeddings that start at zero (torch.zeros), pre-norm blocks
+    with GELU and dropout 0.1, a LayerNorm and a linear head on the class token."""
+
+    def __init__(self, width: int = 32, blocks: int = 2) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(1, width, 4, 4)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.pos = nn.Parameter(torch.zeros(1, 17, width))
+        layer = nn.TransformerEncoderLayer(
+            width, 4, 2 * width, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(len(x), -1, -1), tokens], 1) + self.pos
+        return self.head(self.norm(self.blocks(tokens)[:, 0]))
+
+
+def vit_zero_init() -> OddRun:
+    """:class:`TinyViT` under AdamW (weight decay 0.05) at 1e-3 with a linear warm-up over 20 steps, then
+    cosine decay, per step; label smoothing 0.1, gradients clipped at norm 1. The zero-initialised class
+    token and position embeddings change by 2/(n+1) of their size at the n-th warm-up step."""
+    torch.manual_seed(0)
+    train, valid = digits(batch_size=64, size=16)
+    schedule = warmup_then_cosine(0.05, 20, 3 * len(train))
     return OddRun(
-        small_cnn(), train, nn.CrossEntropyLoss(), lr=1e-2, epochs=2, valid=valid, scheduler=schedule
+        TinyViT(),
+        train,
+        nn.CrossEntropyLoss(label_smoothing=0.1),
+        lr=1e-3,
+        opt_func=partial(torch.optim.AdamW, weight_decay=0.05),
+        epochs=3,
+        valid=valid,
+        scheduler=schedule,
+        clip=1.0,
     )
 
 
@@ -1135,6 +1183,7 @@ RUNS: dict[str, Callable[[], OddRun]] = {
     "gradient_accumulation": gradient_accumulation,
     "warmup_cosine": warmup_cosine,
     "one_cycle": one_cycle,
+    "vit_zero_init": vit_zero_init,
     "validation_switching": validation_switching,
     "slow_starter": slow_starter,
     "weight_tying": weight_tying,
