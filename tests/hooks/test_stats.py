@@ -313,6 +313,14 @@ def test_channel_count_must_not_change():
         stats.update(torch.ones(2, 4, 4))
 
 
+def test_a_stream_that_may_mix_layouts_keeps_its_first():
+    stats = RunningStats()
+    assert stats.update_if_same_layout(torch.ones(2, 3, 4))
+    assert not stats.update_if_same_layout(torch.zeros(2, 4, 4))  # left out, not an error
+    assert stats.update_if_same_layout(torch.full((1, 3, 4), 3.0))
+    assert stats.count == 2 * 3 * 4 + 3 * 4 and stats.read().abs_max == 3.0
+
+
 def test_bad_histogram_settings_are_refused():
     with pytest.raises(ValueError, match="range"):
         RunningStats(bins=10, range=(1.0, 1.0))

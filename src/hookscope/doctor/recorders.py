@@ -295,7 +295,8 @@ class ActivationRecorder:
                 recorder = self._valid if self._in_valid else None
             tensor = first_tensor(output) if recorder is not None else None
             if tensor is not None and recorder is not None:
-                recorder.stats[name].update(tensor)
+                if not recorder.stats[name].update_if_same_layout(tensor):
+                    return  # a module called again on another layout (a shared nn.ReLU): its first is kept
                 if training and not self.flow.settled:
                     self.flow.observe(name, args, tensor)
 
@@ -543,7 +544,11 @@ class GradientRecorder:
             leading = tensor.shape[0] if tensor.dim() else 1
             self._shapes[name] = (leading, tensor.numel() // max(leading, 1))
             stats = self._layers.stats[name]
-            self._grad_hooks.tensor(tensor, stats.update)
+
+            def on_grad(grad: torch.Tensor) -> None:  # None: a tensor hook's return value replaces the grad
+                stats.update_if_same_layout(grad)  # a module called again on another layout: left out
+
+            self._grad_hooks.tensor(tensor, on_grad)
 
         return watch_grad
 

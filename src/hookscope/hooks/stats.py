@@ -185,6 +185,16 @@ class RunningStats:
             self._folded = _fold(self._folded, self._updates, self.bins, self.range)
             self._updates = []
 
+    def update_if_same_layout(self, x: torch.Tensor) -> bool:
+        """:meth:`update` with ``x`` when it has the channel count (dim 1) of the tensors seen so far (or
+        is the first); False, with ``x`` left out, when it has another. For a stream that may mix layouts
+        without that being a mistake: a module called more than once a step (one ``nn.ReLU`` shared by
+        layers of 64 and 32 channels, two sentences of different lengths through one encoder)."""
+        if self._channels is not None and (x.shape[1] if x.dim() >= 2 else 0) != self._channels:
+            return False
+        self.update(x)
+        return True
+
     def snapshot(self, reset: bool = False) -> DeviceStats | None:
         """The state so far as a :class:`DeviceStats` (None before any update); ``reset`` starts afresh.
 
