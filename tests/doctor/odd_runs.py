@@ -1039,6 +1039,42 @@ class CarryHidden(hs.Callback):
         self.learn.pred, self.hidden = self.learn.pred
 
 
+class SuperResolutionNet(nn.Module):
+    """super_resolution/model.py's ``Net`` (ESPCN): four convolutions, one ``nn.ReLU`` module shared by the
+    first three (64, 64 and 32 channels), a pixel shuffle."""
+
+    def __init__(self, upscale_factor: int = 3) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.conv1 = nn.Conv2d(1, 64, (5, 5), (1, 1), (2, 2))
+        self.conv2 = nn.Conv2d(64, 64, (3, 3), (1, 1), (1, 1))
+        self.conv3 = nn.Conv2d(64, 32, (3, 3), (1, 1), (1, 1))
+        self.conv4 = nn.Conv2d(32, upscale_factor**2, (3, 3), (1, 1), (1, 1))
+        self.pixel_shuffle = nn.PixelShuffle(upscale_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        x = self.relu(self.conv3(x))
+        return self.pixel_shuffle(self.conv4(x))
+
+
+def examples_super_resolution() -> OddRun:
+    """super_resolution/main.py: Adam at lr 0.01, mean squared error between the 3x upscaled image and the
+    original; here 24x24 crops of scikit-learn's sample photograph (grey), bicubic-downscaled to 8x8,
+    batches of 32, four epochs. The shared ``relu`` sees 64-channel outputs twice and a 32-channel one
+    once in every forward."""
+    from sklearn.datasets import load_sample_image
+
+    torch.manual_seed(0)
+    photo = torch.tensor(load_sample_image("china.jpg"), dtype=torch.float32).mean(2) / 255
+    crops = photo.unfold(0, 24, 24).unfold(1, 24, 24).reshape(-1, 1, 24, 24)
+    small = F.interpolate(crops, scale_factor=1 / 3, mode="bicubic", align_corners=False)
+    gen = torch.Generator().manual_seed(0)
+    train = DataLoader(TensorDataset(small, crops), batch_size=32, shuffle=True, generator=gen)
+    return OddRun(SuperResolutionNet(), train, nn.MSELoss(), lr=0.01, opt_func=torch.optim.Adam, epochs=4)
+
+
 def examples_word_language_model() -> OddRun:
     """word_language_model/main.py with --tied: a two-layer LSTM (64 wide here), plain SGD at lr 20 with
     the gradient norm clipped at 0.25, batches of 20 columns, bptt 35, on a structured token stream."""
@@ -1199,6 +1235,7 @@ RUNS: dict[str, Callable[[], OddRun]] = {
     "examples_vae": examples_vae,
     "examples_dcgan": examples_dcgan,
     "examples_word_language_model": examples_word_language_model,
+    "examples_super_resolution": examples_super_resolution,
 }
 """Every healthy run by name (``gpt2_first_steps`` and ``gpt2_124m`` are too short for the loss rules)."""
 
