@@ -178,3 +178,37 @@ def test_the_doctor_reads_gradients_after_unscaling_and_before_clipping():
     events, _ = learn._resolve()
     owners = [method.__self__ for method in events["before_step"]]
     assert owners.index(precision) < owners.index(doctor) < owners.index(clip)
+
+
+class Tagger(nn.Module):
+    """Token ids ``(batch, length)`` to two classes: every hidden output is ``(batch, length, width)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.proj, self.act, self.head = (
+            nn.Embedding(50, 16),
+            nn.Linear(16, 16),
+            nn.ReLU(),
+            nn.Linear(16, 2),
+        )
+
+    def forward(self, ids):
+        return self.head(self.act(self.proj(self.emb(ids))).mean(1))
+
+
+def test_validation_batches_of_different_lengths_are_recorded_without_an_error():
+    """Batches padded to their own longest sequence (a collator's dynamic padding) differ in dim 1 from
+    batch to batch; a validation phase is one window of statistics, so its second batch raised
+    "RunningStats got a tensor with 19 channels (dim 1) after tensors with 25 channels" out of the fit
+    with Doctor() at its defaults. The batches of the phase's first layout are recorded."""
+    torch.manual_seed(0)
+
+    def batches(n):
+        return [(torch.randint(0, 50, (8, 5 + 7 * (i % 3))), torch.randint(0, 2, (8,))) for i in range(n)]
+
+    learn = hs.Learner(
+        Tagger(), (batches(12), batches(6)), nn.CrossEntropyLoss(), lr=1e-3, cbs=[hs.callbacks.Doctor()]
+    )
+    learn.fit(2)
+    valid = learn.doctor.activations.valid_history["act"]
+    assert len(valid) == 2 and valid[0].stats.count == 2 * 8 * 5 * 16  # the two batches of length 5
