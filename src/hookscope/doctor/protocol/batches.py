@@ -15,11 +15,10 @@ the fingerprints of its later forwards' inputs beside its first's: when they are
 step ran the model over a sequence — a REINFORCE episode from the same start state, a decoder fed token
 by token after the same start token, however alike two episodes are once the policy has converged — and
 is no batch to repeat; gradient accumulation over a repeated batch gives every forward the same inputs
-and counts. A loop that makes a new tensor of the same batch at
-every step (``x.to(device)`` inside the loop) can say so with ``batches_per_epoch=1``, which switches the
-check off. A model whose first input is constant (a fixed mask or position ids given before
-the data) would need another tensor to look at; an input that is a view with gaps (a slice of a larger
-tensor) is skipped rather than copied.
+and counts. A loop that makes a new tensor of the same batch at every step (``x.to(device)`` inside the
+loop) can say so with ``batches_per_epoch=1``, which switches the check off. A model whose first input
+is constant (a fixed mask or position ids given before the data) would need another tensor to look at;
+an input that is a view with gaps (a slice of a larger tensor) is skipped rather than copied.
 
 ``unshuffled_data``: batches whose label mix is far from the data's — a dataset sorted by label and never
 shuffled. From class-index targets (1-D integer tensors; floats — regression, soft labels — and other
@@ -64,13 +63,13 @@ PLANS = 64  # input sizes whose sampling plan is kept
 
 
 class RepeatedBatch:
-    """Fingerprints of each optimizer step's first input (and its second forward's), and the longest run
-    of equal ones."""
+    """Fingerprints of each optimizer step's first input (beside the sum of its later forwards' inputs'), and
+    the longest run of equal ones."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # off: training on one batch is the plan
         self._plans: dict[tuple[int, torch.device], tuple[int, torch.Tensor]] = {}
-        self.ring = DeviceRing(RING_ROWS, 4)  # the fingerprints of a step's first and second input
+        self.ring = DeviceRing(RING_ROWS, 4)  # a step's first input's fingerprint, its later ones' sum
         self._forwards = 0  # forwards with autograd in this step
         self._written = False  # the first one's fingerprint is in the ring's next row (a skipped one's not)
         self._rest = True  # and every later one's is added into the row's last two values
