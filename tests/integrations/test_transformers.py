@@ -61,3 +61,40 @@ def test_a_freshly_initialised_bert_gets_no_warning(tmp_path) -> None:
     largest = max(r[-1].grad_norm for r in callback.watch.param_history.values())
     assert query < 1e-3 * largest  # the small gradient is there
     assert callback.findings == []
+
+
+def test_batches_padded_to_their_own_length_train_and_evaluate(tmp_path):
+    """A collator's dynamic padding (what `DataCollatorWithPadding` does): each batch as long as its longest
+    example, so a recorded step's micro-batches and an evaluation's batches differ in dim 1. Their second
+    one raised "RunningStats got a tensor with ... channels (dim 1) after tensors with ... channels" out of
+    `trainer.train()`; the statistics now keep each window's first layout."""
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        {"input_ids": torch.randint(1, 100, (4 + i % 9,), generator=gen), "labels": torch.tensor(i % 2)}
+        for i in range(48)
+    ]
+
+    def pad_to_longest(batch):
+        longest = max(len(example["input_ids"]) for example in batch)
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for row, example in enumerate(batch):
+            ids[row, : len(example["input_ids"])] = example["input_ids"]
+            mask[row, : len(example["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([e["labels"] for e in batch])}
+
+    callback = HookscopeCallback(quiet=True, check_every=2, every=1)
+    args = hf_arguments(
+        str(tmp_path), 6, 4, 5e-4, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=3
+    )
+    trainer = Trainer(
+        model=tiny_bert(),
+        args=args,
+        train_dataset=data[:32],
+        eval_dataset=data[32:],
+        data_collator=pad_to_longest,
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 6
+    assert len(callback.watch.activations["bert.encoder.layer.0.output.dense"]) == 6
