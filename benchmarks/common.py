@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -149,6 +150,23 @@ def ratio_spread(times: dict[str, list[float]], name: str, baseline: str) -> str
     return f"middle half of the rounds {quartiles[0]:.3f}-{quartiles[2]:.3f}"
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free ``confidence`` interval for the median of ``values``: the order statistics
+    that the binomial distribution of values below the median puts around it. Why: a median ratio on a
+    shared machine moves between runs by more than the effects measured, and the interval says how far
+    one run pins it. With fewer than 6 values there is none at 95%: the smallest and the largest."""
+    ordered, n = sorted(values), len(values)
+    below, k = 0.0, 0
+    for j in range(n // 2):  # widen while P(at most j values below the median) <= (1 - confidence) / 2
+        below += math.comb(n, j) / 2**n
+        if below > (1 - confidence) / 2:
+            break
+        k = j + 1
+    if k == 0:
+        return ordered[0], ordered[-1]
+    return ordered[k - 1], ordered[n - k]
+
+
 def format_table(
     title: str, per_step_us: dict[str, float], baseline: str, skipped: dict[str, str] | None = None
 ) -> str:
@@ -162,12 +180,12 @@ def format_table(
     return "\n".join(lines)
 
 
-def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = CHECK_EVERY) -> Any:
+def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = CHECK_EVERY, first_step: int = 0) -> list:
     """Drive a doctor recorder (attached already) from the optimizer's step hooks, as hs.watch drives the
-    engine: gradients read before each step, the step closed after it, the rules every ``check_every``."""
-    state = {"step": 0}
-    recorder.begin_batch(0, training=True)
-    opt.register_step_pre_hook(lambda *_: recorder.gradients_ready())
+    engine: gradients read before each step, the step closed after it, the rules every ``check_every``
+    steps, counted from ``first_step``. Returns the two hooks' handles (remove them to stop feeding)."""
+    state = {"step": first_step}
+    recorder.begin_batch(first_step, training=True)
 
     def stepped(*_: object) -> None:
         recorder.step_done()
@@ -177,5 +195,7 @@ def feed_from_optimizer(recorder: Any, opt: Any, check_every: int = CHECK_EVERY)
             recorder.findings()
         recorder.begin_batch(state["step"], training=True)
 
-    opt.register_step_post_hook(stepped)
-    return recorder
+    return [
+        opt.register_step_pre_hook(lambda *_: recorder.gradients_ready()),
+        opt.register_step_post_hook(stepped),
+    ]
